@@ -1,0 +1,88 @@
+//! `payrail-sandbox`: the Payrail double (SPEC §7) as a stand-alone server, for
+//! compose and for running the service against a sandbox it does not own.
+//!
+//! stdout carries exactly one line, `payrail-sandbox listening on
+//! http://HOST:PORT`, once the port is bound (tests and scripts parse it); logs
+//! go to stderr. SIGTERM or SIGINT stops it gracefully with exit status 0.
+
+use std::io::Write;
+use std::net::TcpListener;
+
+use anyhow::Context;
+use clap::Parser;
+use stagedoor_checkout::payrail::sandbox::Sandbox;
+
+/// A stand-alone imitation of the Payrail payment provider, for development
+/// and tests only: it never moves money and keeps everything in memory.
+///
+/// Endpoints: POST /v1/charges (bearer API key and Idempotency-Key required),
+/// GET|POST /v1/sandbox/faults, GET|DELETE /v1/sandbox/charges, GET /healthz.
+/// Test cards: pm_card_declined, pm_card_slow, pm_card_error; any other pm_…
+/// succeeds.
+#[derive(Debug, Parser)]
+#[command(name = "payrail-sandbox", version)]
+struct Args {
+    /// Port to listen on; 0 picks any free port (the chosen one is printed).
+    #[arg(long, env = "PAYRAIL_SANDBOX_PORT", default_value_t = 8081)]
+    port: u16,
+
+    /// Address to bind; use 0.0.0.0 inside a container.
+    #[arg(long, env = "PAYRAIL_SANDBOX_HOST", default_value = "127.0.0.1")]
+    host: String,
+
+    /// API key clients must send as `Authorization: Bearer <key>` on /v1/charges.
+    #[arg(
+        long,
+        env = "PAYRAIL_API_KEY",
+        default_value = "sk_test_stagedoor",
+        hide_env_values = true
+    )]
+    api_key: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging();
+
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;
+    let address = listener.local_addr()?;
+    let sandbox = Sandbox::start(listener, args.api_key)?;
+
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "payrail-sandbox listening on http://{address}")?;
+    stdout.flush()?;
+
+    shutdown_signal().await?;
+    tracing::info!("payrail-sandbox stopping");
+    sandbox.stop().await;
+    Ok(())
+}
+
+/// Logs to stderr so that stdout keeps only the listening line.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Waits for SIGTERM (how containers are stopped) or SIGINT (Ctrl-C).
+async fn shutdown_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = terminate.recv() => Ok(()),
+            interrupted = tokio::signal::ctrl_c() => interrupted,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}

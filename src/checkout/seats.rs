@@ -1,0 +1,151 @@
+//! Events and their seat maps, and the idempotent seeding of both.
+
+use deadpool_postgres::GenericClient;
+use serde::Serialize;
+
+use crate::db::DbError;
+
+#[derive(Debug, Serialize)]
+pub struct Seat {
+    pub seat_id: i64,
+    pub label: String,
+    pub price_cents: i64,
+    /// `available`, `held` (a live hold or a pending order) or `sold`.
+    pub status: &'static str,
+}
+
+/// The body of `GET /events/{event_id}/seats`.
+#[derive(Debug, Serialize)]
+pub struct SeatMap {
+    pub event_id: String,
+    pub seats: Vec<Seat>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SeedSummary {
+    pub event_id: String,
+    pub seats: i64,
+    pub created: u64,
+    pub price_cents: i64,
+}
+
+/// The seat map of an event, or `None` when there is no such event.
+pub async fn seat_map(
+    client: &impl GenericClient,
+    event_id: &str,
+) -> Result<Option<SeatMap>, DbError> {
+    // The exclusion constraint on holds leaves at most one live or ordered
+    // hold per seat, so the join yields one row per seat.
+    let statement = client
+        .prepare_cached(
+            "SELECT s.seat_id, s.label, s.price_cents,
+                    CASE WHEN o.status = 'paid' THEN 'sold'
+                         WHEN h.hold_id IS NOT NULL THEN 'held'
+                         ELSE 'available' END AS status
+             FROM seats s
+             LEFT JOIN holds h ON h.seat_id = s.seat_id
+                              AND (h.order_id IS NOT NULL OR h.expires_at > now())
+             LEFT JOIN orders o ON o.order_id = h.order_id
+             WHERE s.event_id = $1
+             ORDER BY s.seat_id",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&event_id]).await?;
+    if rows.is_empty() && !event_exists(client, event_id).await? {
+        return Ok(None);
+    }
+    let mut seats = Vec::with_capacity(rows.len());
+    for row in rows {
+        let status: &str = row.try_get("status")?;
+        seats.push(Seat {
+            seat_id: row.try_get("seat_id")?,
+            label: row.try_get("label")?,
+            price_cents: row.try_get("price_cents")?,
+            status: match status {
+                "sold" => "sold",
+                "held" => "held",
+                _ => "available",
+            },
+        });
+    }
+    Ok(Some(SeatMap {
+        event_id: event_id.to_owned(),
+        seats,
+    }))
+}
+
+async fn event_exists(client: &impl GenericClient, event_id: &str) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached("SELECT 1 FROM events WHERE event_id = $1")
+        .await?;
+    Ok(client.query_opt(&statement, &[&event_id]).await?.is_some())
+}
+
+/// Creates the event and its seats `A1`…`A20`, `B1`…; running it again adds
+/// only what is missing and changes no price.
+pub async fn seed(
+    client: &impl GenericClient,
+    event_id: &str,
+    seats: u32,
+    price_cents: i64,
+) -> Result<SeedSummary, DbError> {
+    client
+        .execute(
+            "INSERT INTO events (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&event_id],
+        )
+        .await?;
+    let labels: Vec<String> = (0..seats).map(label).collect();
+    let created = client
+        .execute(
+            "INSERT INTO seats (event_id, label, price_cents)
+             SELECT $1, label, $3 FROM unnest($2::text[]) WITH ORDINALITY AS l (label, n)
+             ORDER BY n
+             ON CONFLICT (event_id, label) DO NOTHING",
+            &[&event_id, &labels, &price_cents],
+        )
+        .await?;
+    let total: i64 = client
+        .query_one(
+            "SELECT count(*) FROM seats WHERE event_id = $1",
+            &[&event_id],
+        )
+        .await?
+        .try_get(0)?;
+    Ok(SeedSummary {
+        event_id: event_id.to_owned(),
+        seats: total,
+        created,
+        price_cents,
+    })
+}
+
+/// Rows of 20: seat 0 is `A1`, seat 20 is `B1`, seat 520 is `AA1`.
+fn label(index: u32) -> String {
+    let mut row = index / 20;
+    let mut letters = Vec::new();
+    loop {
+        letters.push(b'A' + (row % 26) as u8);
+        if row < 26 {
+            break;
+        }
+        row = row / 26 - 1;
+    }
+    letters.reverse();
+    format!("{}{}", String::from_utf8_lossy(&letters), index % 20 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label;
+
+    #[test]
+    fn labels_run_in_rows_of_twenty() {
+        assert_eq!(label(0), "A1");
+        assert_eq!(label(19), "A20");
+        assert_eq!(label(20), "B1");
+        assert_eq!(label(25 * 20), "Z1");
+        assert_eq!(label(26 * 20), "AA1");
+        assert_eq!(label(27 * 20 + 4), "AB5");
+    }
+}

@@ -1,0 +1,101 @@
+//! The command line: `serve` (the default) and the admin commands.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::auth::{BuyerId, Tokens};
+use crate::checkout::seats;
+use crate::config::Settings;
+use crate::jobs::cleanup::{Cleanup, Outcome};
+use crate::startup::{prepare_database, Application};
+use crate::{db, telemetry};
+
+/// Stagedoor checkout: seat holds and orders where one click is one order
+/// and at most one charge.
+///
+/// Settings come from config/default.toml, then config/$STAGEDOOR_ENV.toml
+/// (local when unset), then STAGEDOOR__SECTION__KEY environment variables;
+/// DATABASE_URL wins for the database.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP service and its background jobs (the default).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Print a signed bearer token for a buyer (development and tests).
+    Token {
+        /// The buyer's id: 1-64 characters of A-Z a-z 0-9 _ . -
+        #[arg(long)]
+        sub: String,
+        /// How long the token is valid, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+    },
+    /// Create an event with n seats (idempotent) and print a JSON summary.
+    Seed {
+        /// The event's id.
+        #[arg(long)]
+        event: String,
+        /// How many seats it has (labels A1..A20, B1.. in rows of 20).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        seats: u32,
+        /// The price of each new seat, in cents.
+        #[arg(long, default_value_t = 4_500, value_parser = clap::value_parser!(i64).range(1..))]
+        price_cents: i64,
+    },
+    /// Delete expired idempotency keys once and print how many rows went.
+    Cleanup,
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = Settings::load()?;
+    telemetry::init(settings.is_production());
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            Application::build(settings)
+                .await?
+                .run_until_stopped()
+                .await?
+        }
+        Command::Migrate => {
+            prepare_database(&settings).await?;
+            println!("migrations applied");
+        }
+        Command::Token { sub, ttl_secs } => {
+            let buyer = BuyerId::parse(&sub).context("--sub")?;
+            let token = Tokens::new(&settings.auth.jwt_secret)?
+                .sign(&buyer, Duration::from_secs(ttl_secs))?;
+            println!("{token}");
+        }
+        Command::Seed {
+            event,
+            seats,
+            price_cents,
+        } => {
+            prepare_database(&settings).await?;
+            let pool = db::pool(&settings.database)?;
+            let client = pool.get().await.context("connecting to the database")?;
+            let summary = seats::seed(&client, &event, seats, price_cents).await?;
+            println!("{}", serde_json::to_string(&summary)?);
+        }
+        Command::Cleanup => {
+            let pool = db::pool(&settings.database)?;
+            match Cleanup::new(pool, settings.idempotency.ttl()).run().await? {
+                Outcome::Deleted(rows) => println!("{rows}"),
+                Outcome::Skipped => {
+                    anyhow::bail!("another instance is cleaning up right now; try again later")
+                }
+            }
+        }
+    }
+    Ok(())
+}

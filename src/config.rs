@@ -1,0 +1,279 @@
+//! Typed, layered settings: `config/default.toml`, then
+//! `config/<STAGEDOOR_ENV>.toml` (`local` when unset), then
+//! `STAGEDOOR__<SECTION>__<KEY>` environment variables; `DATABASE_URL` wins
+//! for the database. Loaded once at start and passed down, never global, so
+//! tests can build the settings they need.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// A setting that cannot be used; the message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("configuration key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub auth: AuthSettings,
+    pub payrail: PayrailSettings,
+    pub idempotency: IdempotencySettings,
+    pub redis: RedisSettings,
+    pub reconcile: ReconcileSettings,
+    pub holds: HoldSettings,
+    pub http: HttpSettings,
+    pub demo: DemoSettings,
+    /// The name of the layer that was applied (`STAGEDOOR_ENV`).
+    #[serde(skip)]
+    pub environment: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ServerSettings {
+    pub host: String,
+    /// 0 binds any free port.
+    pub port: u16,
+    /// HTTP worker threads; 0 = one per core.
+    pub workers: usize,
+    pub shutdown_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub pool_size: usize,
+    /// Create the database named in `url` when it is missing (local runs).
+    pub create_if_missing: bool,
+    pub pool_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuthSettings {
+    /// HS256 secret; empty means not configured.
+    pub jwt_secret: SecretString,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PayrailSettings {
+    /// Payrail's address; empty with `sandbox = true` means the embedded sandbox.
+    pub base_url: String,
+    pub sandbox: bool,
+    /// Sent as `Authorization: Bearer` to Payrail.
+    pub api_key: SecretString,
+    pub timeout_ms: u64,
+    /// Attempts per charge, all with the same key.
+    pub max_attempts: u32,
+    /// Consecutive failed attempts that open the circuit breaker.
+    pub breaker_failures: u32,
+    pub breaker_open_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockMode {
+    Table,
+    Redis,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct IdempotencySettings {
+    /// A key's lifetime; an older key is a new intent.
+    pub ttl_secs: u64,
+    pub cleanup_interval_secs: u64,
+    /// How long an in-progress key belongs to the request that claimed it.
+    pub lease_secs: u64,
+    pub lock: LockMode,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RedisSettings {
+    pub url: SecretString,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReconcileSettings {
+    pub interval_secs: u64,
+    /// How old a `payment_pending` order must be before reconciliation touches it.
+    pub grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct HoldSettings {
+    pub ttl_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct HttpSettings {
+    pub max_body_bytes: usize,
+    /// Browser origins allowed by CORS.
+    pub cors_origins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DemoSettings {
+    /// Seed the event `demo` with 200 seats at start.
+    pub seed: bool,
+}
+
+impl Settings {
+    /// Loads the layers from `STAGEDOOR_CONFIG_DIR` (default `./config`).
+    pub fn load() -> Result<Self, ConfigError> {
+        let dir = std::env::var_os("STAGEDOOR_CONFIG_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("config"));
+        let environment = std::env::var("STAGEDOOR_ENV").unwrap_or_else(|_| "local".into());
+        Self::load_from(&dir, &environment)
+    }
+
+    pub fn load_from(dir: &Path, environment: &str) -> Result<Self, ConfigError> {
+        let layered = config::Config::builder()
+            .add_source(config::File::from(dir.join("default.toml")))
+            .add_source(config::File::from(dir.join(format!("{environment}.toml"))))
+            .add_source(
+                config::Environment::with_prefix("STAGEDOOR")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true)
+                    .list_separator(",")
+                    .with_list_parse_key("http.cors_origins"),
+            )
+            .set_override_option("database.url", std::env::var("DATABASE_URL").ok())?
+            .build()?;
+        let mut settings: Settings = layered.try_deserialize()?;
+        settings.environment = environment.to_owned();
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn is_production(&self) -> bool {
+        self.environment == "production"
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        let secret = self.auth.jwt_secret.expose_secret();
+        if secret.is_empty() {
+            return invalid(
+                "auth.jwt_secret",
+                "is empty: set STAGEDOOR__AUTH__JWT_SECRET (STAGEDOOR_ENV=local has a dev one)",
+            );
+        }
+        if secret.len() < 16 {
+            return invalid("auth.jwt_secret", "must be at least 16 bytes");
+        }
+        if self.payrail.base_url.is_empty() && !self.payrail.sandbox {
+            return invalid(
+                "payrail.base_url",
+                "is empty and payrail.sandbox is false: there is no Payrail to call",
+            );
+        }
+        if !self.payrail.base_url.is_empty()
+            && !self.payrail.base_url.starts_with("http://")
+            && !self.payrail.base_url.starts_with("https://")
+        {
+            return invalid("payrail.base_url", "must start with http:// or https://");
+        }
+        let at_least_one: [(&'static str, u64); 10] = [
+            ("database.pool_size", self.database.pool_size as u64),
+            ("payrail.timeout_ms", self.payrail.timeout_ms),
+            ("payrail.max_attempts", self.payrail.max_attempts.into()),
+            (
+                "payrail.breaker_failures",
+                self.payrail.breaker_failures.into(),
+            ),
+            ("idempotency.ttl_secs", self.idempotency.ttl_secs),
+            (
+                "idempotency.cleanup_interval_secs",
+                self.idempotency.cleanup_interval_secs,
+            ),
+            ("idempotency.lease_secs", self.idempotency.lease_secs),
+            ("reconcile.interval_secs", self.reconcile.interval_secs),
+            ("holds.ttl_secs", self.holds.ttl_secs),
+            ("http.max_body_bytes", self.http.max_body_bytes as u64),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PayrailSettings {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+    pub fn breaker_open(&self) -> Duration {
+        Duration::from_secs(self.breaker_open_secs)
+    }
+}
+
+impl IdempotencySettings {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+    pub fn cleanup_interval(&self) -> Duration {
+        Duration::from_secs(self.cleanup_interval_secs)
+    }
+}
+
+impl ReconcileSettings {
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs(self.interval_secs)
+    }
+    pub fn grace(&self) -> Duration {
+        Duration::from_secs(self.grace_secs)
+    }
+}
+
+impl DatabaseSettings {
+    pub fn pool_timeout(&self) -> Duration {
+        Duration::from_millis(self.pool_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config")
+    }
+
+    #[test]
+    fn local_layer_has_a_dev_secret_and_the_embedded_sandbox() {
+        let settings = Settings::load_from(&config_dir(), "local").unwrap();
+        assert!(settings.payrail.sandbox);
+        assert_eq!(settings.server.port, 8080);
+        assert_eq!(settings.idempotency.lock, LockMode::Table);
+    }
+
+    #[test]
+    fn production_refuses_to_start_without_a_secret() {
+        let err = Settings::load_from(&config_dir(), "production").unwrap_err();
+        assert!(err.to_string().contains("auth.jwt_secret"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_environment_names_its_missing_file() {
+        let err = Settings::load_from(&config_dir(), "nosuchenv").unwrap_err();
+        assert!(err.to_string().contains("nosuchenv"), "{err}");
+    }
+}

@@ -1,0 +1,120 @@
+//! The PostgreSQL pool, database creation for local runs, and the embedded
+//! migrations. Everything else asks this module for a `Pool` and never opens
+//! connections of its own.
+
+use std::str::FromStr;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use secrecy::ExposeSecret;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::config::DatabaseSettings;
+
+refinery::embed_migrations!("migrations");
+
+/// Any database failure. Callers map `Unavailable` to 503, the rest to 500.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("no database connection available")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("database error")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("invalid database url")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("building the pool")]
+    Build(#[from] deadpool_postgres::BuildError),
+    #[error("migrations failed")]
+    Migrate(#[from] refinery::Error),
+}
+
+impl DbError {
+    /// True when the database could not be reached (as opposed to a query that
+    /// failed): the caller may try again later.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Pool(_) => true,
+            DbError::Postgres(e) => e.is_closed() || e.code().is_none(),
+            _ => false,
+        }
+    }
+}
+
+pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
+    tokio_postgres::Config::from_str(settings.url.expose_secret()).map_err(DbError::Url)
+}
+
+pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
+    let manager = Manager::from_config(
+        pg_config(settings)?,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(settings.pool_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(settings.pool_timeout()))
+        .create_timeout(Some(settings.pool_timeout()))
+        .build()?;
+    Ok(pool)
+}
+
+/// Opens one connection outside the pool (migrations, admin commands).
+pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, DbError> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(%error, "database connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Creates the configured database when it does not exist yet. Two instances
+/// racing here are fine: the loser's "already exists" is success.
+pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbError> {
+    let target = pg_config(settings)?;
+    let Some(name) = target.get_dbname().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut maintenance = target.clone();
+    maintenance.dbname("postgres");
+    let client = connect(&maintenance).await?;
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if exists {
+        return Ok(());
+    }
+    let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+    match client.batch_execute(&create).await {
+        Ok(()) => {
+            tracing::info!(database = %name, "created database");
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::DUPLICATE_DATABASE) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Applies pending migrations. An advisory lock lets several instances start
+/// at once without running the same migration twice.
+pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
+    const MIGRATION_LOCK: i64 = 0x5354_4147_4544_4f4f; // "STAGEDOO"
+    let mut client = connect(&pg_config(settings)?).await?;
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let report = migrations::runner().run_async(&mut client).await;
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let applied = report?.applied_migrations().len();
+    if applied > 0 {
+        tracing::info!(applied, "applied migrations");
+    }
+    Ok(applied)
+}

@@ -1,0 +1,52 @@
+//! The `Buyer` extractor: a verified bearer token, or 401 before anything
+//! else about the request is looked at.
+
+use std::future::{ready, Ready};
+
+use actix_web::http::header;
+use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+
+use super::AppState;
+use crate::auth::BuyerId;
+use crate::problem::Problem;
+
+/// The authenticated buyer of a request.
+pub struct Buyer(pub BuyerId);
+
+impl FromRequest for Buyer {
+    type Error = Problem;
+    type Future = Ready<Result<Self, Problem>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(authenticate(req).map(Buyer))
+    }
+}
+
+fn authenticate(req: &HttpRequest) -> Result<BuyerId, Problem> {
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .ok_or_else(|| Problem::Internal(anyhow::anyhow!("application state is missing")))?;
+    let mut values = req.headers().get_all(header::AUTHORIZATION);
+    let value = values.next().ok_or(Problem::Unauthorized(
+        "this endpoint needs Authorization: Bearer <token>",
+    ))?;
+    if values.next().is_some() {
+        return Err(Problem::Unauthorized("send one Authorization header"));
+    }
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(Problem::Unauthorized(
+            "the Authorization header must be Bearer <token>",
+        ))?;
+    state
+        .tokens
+        .verify(token)
+        .map_err(|_| Problem::Unauthorized("the bearer token is invalid or expired"))
+}

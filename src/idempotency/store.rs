@@ -1,0 +1,393 @@
+//! The `idempotency_keys` table: claim, complete, release, take over, expire.
+//!
+//! `PRIMARY KEY (user_id, key)` decides every race; nothing here reads and
+//! then writes without a condition that the database re-checks. A claim
+//! carries a token, and every write after the claim is conditional on still
+//! holding it, so a request that lost its lease writes nothing.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::{IdempotencyKey, RequestHash};
+use crate::db::DbError;
+
+/// An answer as it was first given, replayed byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub location: Option<String>,
+    pub content_type: String,
+}
+
+/// The right to do the work of one intent, until the lease runs out.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub user_id: String,
+    pub key: IdempotencyKey,
+    pub token: Uuid,
+    /// The order an earlier holder of this key made, when this claim is a
+    /// takeover: resume it instead of making another.
+    pub order_id: Option<Uuid>,
+}
+
+/// What the key row says about a request.
+#[derive(Debug)]
+pub enum Begin {
+    /// This request does the work.
+    Claimed(Claim),
+    /// The intent has an answer: give it again.
+    Replay(StoredResponse),
+    /// Another request holds the intent right now.
+    InProgress,
+    /// The key was first used for a different request.
+    KeyReused,
+}
+
+/// How a piece of work ended, as the idempotency glue needs to know it.
+#[derive(Debug)]
+pub enum Finished {
+    /// An answer for the glue to store and send.
+    Answer(StoredResponse),
+    /// An answer the work already stored, atomically with its own writes.
+    Stored(StoredResponse),
+    /// The claim was lost to a takeover before the answer could be stored.
+    Fenced,
+}
+
+/// Lifetimes of a key: how long it means the same intent, and how long an
+/// in-progress claim belongs to its request.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyPolicy {
+    pub ttl: Duration,
+    pub lease: Duration,
+}
+
+/// Claims the key for this request, or says why not. The first statement is
+/// the insert; only a lost insert reads the row.
+#[tracing::instrument(skip_all, fields(user_id, key = %key))]
+pub async fn begin(
+    client: &impl GenericClient,
+    policy: KeyPolicy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Begin, DbError> {
+    let mut claim = Claim {
+        user_id: user_id.to_owned(),
+        key: key.clone(),
+        token: Uuid::new_v4(),
+        order_id: None,
+    };
+    // A row can vanish (cleanup) or change (a takeover) between statements;
+    // each pass re-reads it, and a few passes settle any interleaving.
+    for _ in 0..3 {
+        let insert = client
+            .prepare_cached(
+                "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
+                 VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+                 ON CONFLICT (user_id, key) DO NOTHING",
+            )
+            .await?;
+        let won = client
+            .execute(
+                &insert,
+                &[
+                    &user_id,
+                    &key.as_str(),
+                    &hash.as_bytes(),
+                    &claim.token,
+                    &policy.lease.as_secs_f64(),
+                ],
+            )
+            .await?;
+        if won == 1 {
+            return Ok(Begin::Claimed(claim));
+        }
+        let Some(row) = read(client, policy, user_id, key).await? else {
+            continue;
+        };
+        if row.expired {
+            // Older than the TTL: a new intent, as if the row were absent.
+            if take_expired(client, policy, &claim, hash, row.token).await? {
+                return Ok(Begin::Claimed(claim));
+            }
+            continue;
+        }
+        if row.hash != hash.as_bytes() {
+            return Ok(Begin::KeyReused);
+        }
+        if let Some(response) = row.response {
+            return Ok(Begin::Replay(response));
+        }
+        if !row.lease_over {
+            return Ok(Begin::InProgress);
+        }
+        // The holder's lease ran out (it crashed or stalled): finish its intent.
+        if let Some(order_id) = take_abandoned(client, policy, &claim, row.token).await? {
+            claim.order_id = order_id;
+            return Ok(Begin::Claimed(claim));
+        }
+    }
+    Ok(Begin::InProgress)
+}
+
+/// What the key row says now, without claiming anything: for a request whose
+/// claim was fenced off.
+pub async fn current(
+    client: &impl GenericClient,
+    policy: KeyPolicy,
+    claim: &Claim,
+    hash: &RequestHash,
+) -> Result<Begin, DbError> {
+    Ok(
+        match read(client, policy, &claim.user_id, &claim.key).await? {
+            Some(row) if !row.expired && row.hash != hash.as_bytes() => Begin::KeyReused,
+            Some(KeyRow {
+                response: Some(response),
+                expired: false,
+                ..
+            }) => Begin::Replay(response),
+            _ => Begin::InProgress,
+        },
+    )
+}
+
+/// Stores the answer as the last act of the work, if the claim still holds.
+/// Returns false when it was fenced off (another request took the key over).
+pub async fn complete(
+    client: &impl GenericClient,
+    claim: &Claim,
+    response: &StoredResponse,
+) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET response_status = $4, response_body = $5, response_location = $6,
+                 response_content_type = $7
+             WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL",
+        )
+        .await?;
+    let stored = client
+        .execute(
+            &statement,
+            &[
+                &claim.user_id,
+                &claim.key.as_str(),
+                &claim.token,
+                &(response.status as i16),
+                &response.body,
+                &response.location,
+                &response.content_type,
+            ],
+        )
+        .await?;
+    Ok(stored == 1)
+}
+
+/// Stores the outcome that reconciliation found for an order on the key that
+/// made it, if that key still belongs to the same intent and has no answer.
+pub async fn complete_for_order(
+    client: &impl GenericClient,
+    user_id: &str,
+    key: &str,
+    order_id: Uuid,
+    response: &StoredResponse,
+) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET response_status = $4, response_body = $5, response_location = $6,
+                 response_content_type = $7
+             WHERE user_id = $1 AND key = $2 AND order_id = $3 AND response_status IS NULL",
+        )
+        .await?;
+    let stored = client
+        .execute(
+            &statement,
+            &[
+                &user_id,
+                &key,
+                &order_id,
+                &(response.status as i16),
+                &response.body,
+                &response.location,
+                &response.content_type,
+            ],
+        )
+        .await?;
+    Ok(stored == 1)
+}
+
+/// Gives the key back after a failure that left nothing durable behind (no
+/// order linked), so that a retry starts afresh. Once an order exists the row
+/// stays in progress until that order has an outcome.
+pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached(
+            "DELETE FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2 AND claim_token = $3
+               AND response_status IS NULL AND order_id IS NULL",
+        )
+        .await?;
+    let released = client
+        .execute(
+            &statement,
+            &[&claim.user_id, &claim.key.as_str(), &claim.token],
+        )
+        .await?;
+    Ok(released == 1)
+}
+
+/// Deletes up to `batch` rows older than the TTL; returns how many went.
+/// Small batches keep each statement short, so traffic never waits on it.
+pub async fn delete_expired(
+    client: &impl GenericClient,
+    ttl: Duration,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let statement = client
+        .prepare_cached(
+            "DELETE FROM idempotency_keys
+             WHERE ctid = ANY (ARRAY(
+                 SELECT ctid FROM idempotency_keys
+                 WHERE created_at < now() - make_interval(secs => $1)
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED))",
+        )
+        .await?;
+    Ok(client
+        .execute(&statement, &[&ttl.as_secs_f64(), &batch])
+        .await?)
+}
+
+struct KeyRow {
+    hash: Vec<u8>,
+    token: Uuid,
+    response: Option<StoredResponse>,
+    expired: bool,
+    lease_over: bool,
+}
+
+async fn read(
+    client: &impl GenericClient,
+    policy: KeyPolicy,
+    user_id: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<KeyRow>, DbError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT request_hash, claim_token, response_status, response_body,
+                    response_location, response_content_type,
+                    created_at <= now() - make_interval(secs => $3) AS expired,
+                    lease_expires_at <= now() AS lease_over
+             FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2",
+        )
+        .await?;
+    let Some(row) = client
+        .query_opt(
+            &statement,
+            &[&user_id, &key.as_str(), &policy.ttl.as_secs_f64()],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let status: Option<i16> = row.try_get("response_status")?;
+    let response = match status {
+        Some(status) => Some(StoredResponse {
+            status: u16::try_from(status).unwrap_or(500),
+            body: row
+                .try_get::<_, Option<Vec<u8>>>("response_body")?
+                .unwrap_or_default(),
+            location: row.try_get("response_location")?,
+            content_type: row
+                .try_get::<_, Option<String>>("response_content_type")?
+                .unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Some(KeyRow {
+        hash: row.try_get("request_hash")?,
+        token: row.try_get("claim_token")?,
+        response,
+        expired: row.try_get("expired")?,
+        lease_over: row.try_get("lease_over")?,
+    }))
+}
+
+/// Restarts a row past its TTL as a new intent. One conditional update
+/// decides between racing requests: it matches only the row as it was read.
+async fn take_expired(
+    client: &impl GenericClient,
+    policy: KeyPolicy,
+    claim: &Claim,
+    hash: &RequestHash,
+    seen_token: Uuid,
+) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET request_hash = $5, claim_token = $3,
+                 lease_expires_at = now() + make_interval(secs => $6),
+                 order_id = NULL, response_status = NULL, response_body = NULL,
+                 response_location = NULL, response_content_type = NULL, created_at = now()
+             WHERE user_id = $1 AND key = $2 AND claim_token = $4
+               AND created_at <= now() - make_interval(secs => $7)",
+        )
+        .await?;
+    let taken = client
+        .execute(
+            &statement,
+            &[
+                &claim.user_id,
+                &claim.key.as_str(),
+                &claim.token,
+                &seen_token,
+                &hash.as_bytes(),
+                &policy.lease.as_secs_f64(),
+                &policy.ttl.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(taken == 1)
+}
+
+/// Takes over an in-progress row whose lease ran out; the new claim inherits
+/// the intent. Returns `Some(order_id)` when taken: the order is read in the
+/// same statement, so a link the old holder made a moment ago is not missed.
+async fn take_abandoned(
+    client: &impl GenericClient,
+    policy: KeyPolicy,
+    claim: &Claim,
+    seen_token: Uuid,
+) -> Result<Option<Option<Uuid>>, DbError> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET claim_token = $3, lease_expires_at = now() + make_interval(secs => $5)
+             WHERE user_id = $1 AND key = $2 AND claim_token = $4
+               AND response_status IS NULL AND lease_expires_at <= now()
+             RETURNING order_id",
+        )
+        .await?;
+    let taken = client
+        .query_opt(
+            &statement,
+            &[
+                &claim.user_id,
+                &claim.key.as_str(),
+                &claim.token,
+                &seen_token,
+                &policy.lease.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(match taken {
+        Some(row) => Some(row.try_get("order_id")?),
+        None => None,
+    })
+}

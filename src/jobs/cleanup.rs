@@ -1,0 +1,83 @@
+//! Deletes idempotency keys older than the TTL, in bounded batches so that
+//! no statement holds traffic up. One instance at a time: the run holds a
+//! session advisory lock, released at the end, or with its connection,
+//! which is closed rather than pooled when the run fails midway.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool};
+
+use crate::db::DbError;
+use crate::idempotency::store;
+
+/// Rows per statement: large enough to go fast, small enough to stay brief.
+const BATCH: i64 = 5_000;
+const CLEANUP_LOCK: i64 = 0x5354_4147_434c_4e55; // "STAGCLNU"
+
+#[derive(Clone)]
+pub struct Cleanup {
+    pool: Pool,
+    ttl: Duration,
+}
+
+/// What a run did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Deleted(u64),
+    /// Another instance was already cleaning.
+    Skipped,
+}
+
+impl Cleanup {
+    pub fn new(pool: Pool, ttl: Duration) -> Self {
+        Self { pool, ttl }
+    }
+
+    pub async fn run(&self) -> Result<Outcome, DbError> {
+        let client = self.pool.get().await?;
+        let locked: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&CLEANUP_LOCK])
+            .await?
+            .try_get(0)?;
+        if !locked {
+            return Ok(Outcome::Skipped);
+        }
+        match self.delete_in_batches(&client).await {
+            Ok(deleted) => {
+                client
+                    .execute("SELECT pg_advisory_unlock($1)", &[&CLEANUP_LOCK])
+                    .await?;
+                Ok(Outcome::Deleted(deleted))
+            }
+            Err(error) => {
+                // Close this connection instead of pooling it: the lock goes with it.
+                drop(Object::take(client));
+                Err(error)
+            }
+        }
+    }
+
+    async fn delete_in_batches(&self, client: &Object) -> Result<u64, DbError> {
+        let mut deleted = 0;
+        loop {
+            let batch = store::delete_expired(client, self.ttl, BATCH).await?;
+            deleted += batch;
+            if batch < BATCH as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    pub async fn run_logged(&self) {
+        let started = std::time::Instant::now();
+        match self.run().await {
+            Ok(Outcome::Deleted(rows)) => tracing::info!(
+                rows,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "deleted expired idempotency keys"
+            ),
+            Ok(Outcome::Skipped) => tracing::debug!("key cleanup already running elsewhere"),
+            Err(error) => tracing::warn!(error = %anyhow::Error::from(error), "key cleanup failed"),
+        }
+    }
+}

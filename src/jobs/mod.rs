@@ -1,0 +1,72 @@
+//! Background tasks of `serve`: expired-key cleanup and pending-order
+//! reconciliation. Each runs on a tokio interval, is safe with several
+//! instances on one database, and stops when told to.
+
+pub mod cleanup;
+pub mod reconcile;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::payrail;
+
+/// The running tasks; `stop` cancels them and waits for them to finish.
+pub struct Jobs {
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Jobs {
+    pub fn spawn(pool: Pool, payrail: Arc<payrail::Client>, settings: &Settings) -> Self {
+        let cancel = CancellationToken::new();
+        let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
+        let reconcile = reconcile::Reconcile::new(pool, payrail, &settings.reconcile);
+        let tasks = vec![
+            every(
+                settings.idempotency.cleanup_interval(),
+                cancel.clone(),
+                move || {
+                    let cleanup = cleanup.clone();
+                    async move { cleanup.run_logged().await }
+                },
+            ),
+            every(settings.reconcile.interval(), cancel.clone(), move || {
+                let reconcile = reconcile.clone();
+                async move { reconcile.run_logged().await }
+            }),
+        ];
+        Self { cancel, tasks }
+    }
+
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Runs `job` every `period` (the first run after one period) until
+/// cancelled. A run in progress is finished, not cut off.
+fn every<F, Fut>(period: Duration, cancel: CancellationToken, job: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticks.tick() => job().await,
+            }
+        }
+    })
+}

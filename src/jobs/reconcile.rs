@@ -1,0 +1,138 @@
+//! Settles orders left in `payment_pending` (a lost answer, a crash, a
+//! timeout): asks Payrail again with the order's own key, which never
+//! charges twice, then settles the order and stores the outcome on its key.
+//!
+//! Several instances share the work: each run claims a batch of due orders
+//! by pushing their next attempt into the future (`FOR UPDATE SKIP LOCKED`),
+//! commits, and only then calls Payrail, holding no connection meanwhile.
+//! An order whose charge keeps failing is retried with a growing delay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use crate::checkout::orders;
+use crate::config::ReconcileSettings;
+use crate::payrail;
+use crate::problem::Problem;
+
+/// Orders claimed per run, and Payrail calls in flight at once.
+const BATCH: i64 = 100;
+const CONCURRENCY: usize = 16;
+/// The longest wait between two attempts on one order.
+const MAX_DELAY_SECS: f64 = 3600.0;
+
+#[derive(Clone)]
+pub struct Reconcile {
+    pool: Pool,
+    payrail: Arc<payrail::Client>,
+    grace: Duration,
+    base_delay: Duration,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub settled: usize,
+    pub failed: usize,
+}
+
+impl Reconcile {
+    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, settings: &ReconcileSettings) -> Self {
+        Self {
+            pool,
+            payrail,
+            grace: settings.grace(),
+            base_delay: settings.interval(),
+        }
+    }
+
+    pub async fn run(&self) -> Result<Report, Problem> {
+        let due = self.claim_due().await?;
+        let results: Vec<bool> = futures_util::stream::iter(due)
+            .map(|(order_id, attempts)| self.settle_one(order_id, attempts))
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        let settled = results.iter().filter(|ok| **ok).count();
+        Ok(Report {
+            settled,
+            failed: results.len() - settled,
+        })
+    }
+
+    pub async fn run_logged(&self) {
+        match self.run().await {
+            Ok(report) if report == Report::default() => {}
+            Ok(report) => tracing::info!(
+                settled = report.settled,
+                failed = report.failed,
+                "reconciled pending orders"
+            ),
+            Err(error) => tracing::warn!(%error, "reconciliation failed"),
+        }
+    }
+
+    /// Claims due orders: each is hidden from other runs until its next
+    /// attempt time, which doubles with every attempt.
+    async fn claim_due(&self) -> Result<Vec<(Uuid, i32)>, Problem> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE orders
+                 SET reconcile_attempts = reconcile_attempts + 1,
+                     reconcile_after = now() + make_interval(
+                         secs => least($3, $2 * power(2::float8, least(reconcile_attempts, 20))))
+                 WHERE order_id IN (
+                     SELECT order_id FROM orders
+                     WHERE status = 'payment_pending'
+                       AND created_at <= now() - make_interval(secs => $1)
+                       AND reconcile_after <= now()
+                     ORDER BY reconcile_after
+                     LIMIT $4
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING order_id, reconcile_attempts",
+            )
+            .await?;
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &self.grace.as_secs_f64(),
+                    &self.base_delay.as_secs_f64(),
+                    &MAX_DELAY_SECS,
+                    &BATCH,
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
+
+    async fn settle_one(&self, order_id: Uuid, attempts: i32) -> bool {
+        match self.try_settle(order_id).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%order_id, attempts, %error, "pending order still unsettled");
+                false
+            }
+        }
+    }
+
+    async fn try_settle(&self, order_id: Uuid) -> Result<(), Problem> {
+        let order = {
+            let client = self.pool.get().await?;
+            orders::load(&client, order_id).await?
+        };
+        let Some(order) = order.filter(|o| o.is_pending()) else {
+            return Ok(());
+        };
+        let outcome = self.payrail.charge(order_id, &order.charge()).await?;
+        orders::settle(&self.pool, order_id, &outcome, None).await?;
+        tracing::info!(%order_id, ?outcome, "settled a pending order");
+        Ok(())
+    }
+}

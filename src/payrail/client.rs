@@ -1,0 +1,188 @@
+//! The Payrail client. Every attempt of one charge, every retry and every
+//! restart sends the same `Idempotency-Key: order-{order_id}` and the same
+//! body bytes, so Payrail charges at most once however often it is asked.
+//! Callers must not hold a database connection across `charge`.
+
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::Breaker;
+use crate::config::PayrailSettings;
+
+/// What Payrail is asked to charge. Serialized once per charge.
+#[derive(Debug, Clone, Serialize)]
+pub struct Charge {
+    pub amount_cents: i64,
+    pub currency: String,
+    pub payment_method: String,
+    pub reference: Uuid,
+}
+
+/// Payrail's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChargeOutcome {
+    Succeeded { charge_id: String },
+    Declined { charge_id: Option<String> },
+}
+
+/// No decision could be had. The charge may or may not have been made: only
+/// asking again with the same key can tell.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PaymentError {
+    #[error("payrail did not answer in time")]
+    Timeout,
+    #[error("payrail is unavailable")]
+    Unavailable { retry_after: Duration },
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    charges_url: String,
+    api_key: SecretString,
+    timeout: Duration,
+    max_attempts: u32,
+    breaker: Breaker,
+}
+
+enum Attempt {
+    Decided(ChargeOutcome),
+    /// Worth another attempt: a timeout, a dropped connection, a 5xx.
+    Failed {
+        timed_out: bool,
+    },
+    /// Payrail refused the request itself (auth, a body that differs from the
+    /// first attempt's): retrying cannot help.
+    Refused(reqwest::StatusCode),
+}
+
+#[derive(Deserialize)]
+struct ChargeBody {
+    id: Option<String>,
+}
+
+impl Client {
+    pub fn new(settings: &PayrailSettings, base_url: &str) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.timeout())
+            .pool_max_idle_per_host(256)
+            .build()?;
+        Ok(Self {
+            http,
+            charges_url: format!("{}/v1/charges", base_url.trim_end_matches('/')),
+            api_key: settings.api_key.clone(),
+            timeout: settings.timeout(),
+            max_attempts: settings.max_attempts.max(1),
+            breaker: Breaker::new(settings.breaker_failures, settings.breaker_open()),
+        })
+    }
+
+    /// Refuses at once while the breaker is open, so that a checkout can fail
+    /// before it writes anything.
+    pub fn ready(&self) -> Result<(), PaymentError> {
+        match self.breaker.is_open() {
+            Some(retry_after) => Err(PaymentError::Unavailable { retry_after }),
+            None => Ok(()),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(%order_id))]
+    pub async fn charge(
+        &self,
+        order_id: Uuid,
+        charge: &Charge,
+    ) -> Result<ChargeOutcome, PaymentError> {
+        let key = format!("order-{order_id}");
+        let body = serde_json::to_vec(charge).map_err(|_| PaymentError::Unavailable {
+            retry_after: Duration::from_secs(1),
+        })?;
+        let mut timed_out = false;
+        for attempt in 1..=self.max_attempts {
+            if let Err(retry_after) = self.breaker.allow() {
+                return Err(PaymentError::Unavailable { retry_after });
+            }
+            match self.attempt(&key, &body).await {
+                Attempt::Decided(outcome) => {
+                    self.breaker.record_success();
+                    return Ok(outcome);
+                }
+                Attempt::Failed { timed_out: t } => {
+                    self.breaker.record_failure();
+                    timed_out = t;
+                    tracing::warn!(attempt, timed_out, "payrail attempt failed");
+                }
+                Attempt::Refused(status) => {
+                    tracing::error!(%status, "payrail refused the charge request");
+                    return Err(PaymentError::Unavailable {
+                        retry_after: Duration::from_secs(1),
+                    });
+                }
+            }
+            if attempt < self.max_attempts {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+        }
+        Err(if timed_out {
+            PaymentError::Timeout
+        } else {
+            PaymentError::Unavailable {
+                retry_after: Duration::from_secs(1),
+            }
+        })
+    }
+
+    async fn attempt(&self, key: &str, body: &[u8]) -> Attempt {
+        let sent = self
+            .http
+            .post(&self.charges_url)
+            .timeout(self.timeout)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", key)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_vec())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) => return failed(&e),
+        };
+        let status = response.status();
+        // Read the whole answer before believing it: a connection dropped
+        // mid-body is no answer at all.
+        let bytes = match response.bytes().await {
+            Ok(bytes) => bytes,
+            Err(e) => return failed(&e),
+        };
+        let charge_id = serde_json::from_slice::<ChargeBody>(&bytes)
+            .ok()
+            .and_then(|b| b.id);
+        match status.as_u16() {
+            201 => match charge_id {
+                Some(charge_id) => Attempt::Decided(ChargeOutcome::Succeeded { charge_id }),
+                None => Attempt::Failed { timed_out: false },
+            },
+            402 => Attempt::Decided(ChargeOutcome::Declined { charge_id }),
+            s if s >= 500 || s == 429 => Attempt::Failed { timed_out: false },
+            _ => Attempt::Refused(status),
+        }
+    }
+}
+
+fn failed(error: &reqwest::Error) -> Attempt {
+    Attempt::Failed {
+        timed_out: error.is_timeout(),
+    }
+}
+
+/// 100 ms, 200 ms, 400 ms … capped at 2 s, with up to 50 % jitter so that
+/// retries from many requests do not arrive together.
+fn backoff(attempt: u32) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let base = 100u64
+        .saturating_mul(1 << attempt.saturating_sub(1).min(5))
+        .min(2000);
+    let jitter = RandomState::new().hash_one(attempt) % (base / 2 + 1);
+    Duration::from_millis(base + jitter)
+}

@@ -1,0 +1,294 @@
+//! The service's one error policy: every failure is a `Problem`, each variant
+//! documented with the status and slug it answers, rendered as RFC 9457
+//! Problem Details here and nowhere else. Unexpected errors log their whole
+//! chain and answer an opaque 500.
+
+use std::time::Duration;
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::idempotency::{KeyError, StoredResponse};
+use crate::payrail::PaymentError;
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+const TYPE_BASE: &str = "https://stagedoor.example/problems/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    /// 401 `unauthorized`, with `WWW-Authenticate: Bearer`.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 404 `not-found`.
+    #[error("{0}")]
+    NotFound(&'static str),
+    /// 405 `method-not-allowed`.
+    #[error("this method is not allowed on this path")]
+    MethodNotAllowed,
+    /// 400 `idempotency-key-missing`: rejected before the key is touched.
+    #[error("this request needs an Idempotency-Key header, made once per click")]
+    KeyMissing,
+    /// 400 `idempotency-key-invalid`: rejected before the key is touched.
+    #[error("{0}")]
+    KeyInvalid(#[from] KeyError),
+    /// 400 `invalid-request`: not JSON, or not the right shape.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// 413 `payload-too-large`.
+    #[error("the body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// 422 `idempotency-key-reused`: the key was first sent with another request.
+    #[error("this Idempotency-Key was already used for a different request")]
+    KeyReused,
+    /// 409 `request-in-progress`, with `Retry-After: 1`.
+    #[error("a request with this Idempotency-Key is still in progress; retry shortly")]
+    RequestInProgress,
+    /// 409 `seat-unavailable`.
+    #[error("this seat is held by someone else or already sold")]
+    SeatUnavailable,
+    /// 409 `hold-unavailable`.
+    #[error("a hold is unknown, not yours, expired or already in another order")]
+    HoldUnavailable,
+    /// 422 `invalid-order`.
+    #[error("{0}")]
+    InvalidOrder(&'static str),
+    /// 402 `payment-declined`; the holds stay the buyer's until they expire.
+    #[error("the payment was declined; your holds are kept until they expire")]
+    PaymentDeclined { order_id: Uuid },
+    /// 504 `payment-timeout`: never stored; the intent is settled later.
+    #[error("the payment provider did not answer in time; retry with the same Idempotency-Key")]
+    PaymentTimeout,
+    /// 503 `payment-unavailable`, with `Retry-After`: never stored.
+    #[error("the payment provider is unavailable; retry with the same Idempotency-Key")]
+    PaymentUnavailable { retry_after: Duration },
+    /// 503 `service-unavailable`, with `Retry-After: 1`: the database is out of reach.
+    #[error("the service is temporarily unavailable")]
+    ServiceUnavailable(#[source] DbError),
+    /// 500 `internal`.
+    #[error("an unexpected error occurred")]
+    Internal(#[source] anyhow::Error),
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_id: Option<&'a Uuid>,
+}
+
+impl Problem {
+    /// Status, slug and title: the catalogue of SPEC §4.
+    fn catalogue(&self) -> (StatusCode, &'static str, &'static str) {
+        use Problem::*;
+        match self {
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            KeyMissing => (
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-missing",
+                "Idempotency-Key missing",
+            ),
+            KeyInvalid(_) => (
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-invalid",
+                "Idempotency-Key invalid",
+            ),
+            InvalidRequest(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "Invalid request",
+            ),
+            PayloadTooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Payload too large",
+            ),
+            KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key reused",
+            ),
+            RequestInProgress => (
+                StatusCode::CONFLICT,
+                "request-in-progress",
+                "Request in progress",
+            ),
+            SeatUnavailable => (StatusCode::CONFLICT, "seat-unavailable", "Seat unavailable"),
+            HoldUnavailable => (StatusCode::CONFLICT, "hold-unavailable", "Hold unavailable"),
+            InvalidOrder(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-order",
+                "Invalid order",
+            ),
+            PaymentDeclined { .. } => (
+                StatusCode::PAYMENT_REQUIRED,
+                "payment-declined",
+                "Payment declined",
+            ),
+            PaymentTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "payment-timeout",
+                "Payment timeout",
+            ),
+            PaymentUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "payment-unavailable",
+                "Payment unavailable",
+            ),
+            ServiceUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service-unavailable",
+                "Service unavailable",
+            ),
+            Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+            ),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.catalogue().0
+    }
+
+    /// The answer as bytes: what is sent, and what is stored for a replay.
+    pub fn to_response(&self) -> StoredResponse {
+        let (status, slug, title) = self.catalogue();
+        let body = Body {
+            kind: format!("{TYPE_BASE}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.to_string(),
+            order_id: match self {
+                Problem::PaymentDeclined { order_id } => Some(order_id),
+                _ => None,
+            },
+        };
+        StoredResponse {
+            status: status.as_u16(),
+            // Serializing plain strings and numbers cannot fail.
+            body: serde_json::to_vec(&body).unwrap_or_default(),
+            location: None,
+            content_type: CONTENT_TYPE.to_owned(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Problem::RequestInProgress | Problem::ServiceUnavailable(_) => {
+                Some(Duration::from_secs(1))
+            }
+            Problem::PaymentUnavailable { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+impl From<DbError> for Problem {
+    fn from(error: DbError) -> Self {
+        if error.is_unavailable() {
+            Problem::ServiceUnavailable(error)
+        } else {
+            Problem::Internal(error.into())
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Problem {
+    fn from(error: tokio_postgres::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Problem {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<PaymentError> for Problem {
+    fn from(error: PaymentError) -> Self {
+        match error {
+            PaymentError::Timeout => Problem::PaymentTimeout,
+            PaymentError::Unavailable { retry_after } => {
+                Problem::PaymentUnavailable { retry_after }
+            }
+        }
+    }
+}
+
+impl ResponseError for Problem {
+    fn status_code(&self) -> StatusCode {
+        self.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if self.status().is_server_error() {
+            tracing::error!(error = ?anyhow_chain(self), "request failed");
+        }
+        let response = self.to_response();
+        let mut builder = HttpResponse::build(self.status());
+        builder.insert_header((header::CONTENT_TYPE, CONTENT_TYPE));
+        if let Problem::Unauthorized(_) = self {
+            builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        if let Some(after) = self.retry_after() {
+            // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs.max(1))));
+        }
+        builder.body(response.body)
+    }
+}
+
+/// The error and its sources, outermost first, for the log.
+fn anyhow_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_body_has_the_rfc_9457_members() {
+        let response = Problem::HoldUnavailable.to_response();
+        let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(response.status, 409);
+        assert_eq!(response.content_type, "application/problem+json");
+        assert_eq!(
+            body["type"],
+            "https://stagedoor.example/problems/hold-unavailable"
+        );
+        assert_eq!(body["status"], 409);
+        assert!(body["title"].is_string() && body["detail"].is_string());
+    }
+
+    #[test]
+    fn an_internal_error_says_nothing_of_its_cause() {
+        let problem = Problem::Internal(anyhow::anyhow!("relation \"orders\" does not exist"));
+        let body = String::from_utf8(problem.to_response().body).unwrap();
+        assert!(!body.contains("orders"), "{body}");
+    }
+}

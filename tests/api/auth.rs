@@ -1,0 +1,164 @@
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, Seen};
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn sign(secret: &str, algorithm: Algorithm, claims: Value) -> String {
+    encode(
+        &Header::new(algorithm),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[tokio::test]
+async fn every_authentication_failure_is_a_401_problem_with_a_bearer_challenge() {
+    let app = spawn_app().await;
+    let secret = secrecy::ExposeSecret::expose_secret(&app.settings.auth.jwt_secret).to_owned();
+    let valid_claims = json!({"sub": "alice", "exp": now() + 600});
+    let unsigned = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none","typ":"JWT"}"#),
+        b64(valid_claims.to_string().as_bytes())
+    );
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("no Authorization header", None),
+        ("not a bearer scheme", Some("Basic YWxpY2U6cHc=".into())),
+        ("an empty bearer", Some("Bearer ".into())),
+        ("not a JWT", Some("Bearer not.a.jwt".into())),
+        (
+            "signed with another secret",
+            Some(format!(
+                "Bearer {}",
+                sign(
+                    "another-secret-entirely-0000",
+                    Algorithm::HS256,
+                    valid_claims.clone()
+                )
+            )),
+        ),
+        ("alg none", Some(format!("Bearer {unsigned}"))),
+        (
+            "alg HS512",
+            Some(format!(
+                "Bearer {}",
+                sign(&secret, Algorithm::HS512, valid_claims.clone())
+            )),
+        ),
+        (
+            "expired",
+            Some(format!(
+                "Bearer {}",
+                sign(
+                    &secret,
+                    Algorithm::HS256,
+                    json!({"sub": "alice", "exp": now() - 5})
+                )
+            )),
+        ),
+        (
+            "no exp",
+            Some(format!(
+                "Bearer {}",
+                sign(&secret, Algorithm::HS256, json!({"sub": "alice"}))
+            )),
+        ),
+        (
+            "not valid yet",
+            Some(format!(
+                "Bearer {}",
+                sign(
+                    &secret,
+                    Algorithm::HS256,
+                    json!({"sub": "alice", "exp": now() + 600, "nbf": now() + 300})
+                )
+            )),
+        ),
+        (
+            "no sub",
+            Some(format!(
+                "Bearer {}",
+                sign(&secret, Algorithm::HS256, json!({"exp": now() + 600}))
+            )),
+        ),
+        (
+            "a sub with a slash",
+            Some(format!(
+                "Bearer {}",
+                sign(
+                    &secret,
+                    Algorithm::HS256,
+                    json!({"sub": "a/b", "exp": now() + 600})
+                )
+            )),
+        ),
+        (
+            "a sub of 65 characters",
+            Some(format!(
+                "Bearer {}",
+                sign(
+                    &secret,
+                    Algorithm::HS256,
+                    json!({"sub": "x".repeat(65), "exp": now() + 600})
+                )
+            )),
+        ),
+        (
+            "an oversized token",
+            Some(format!("Bearer {}", "a".repeat(8_000))),
+        ),
+    ];
+    for (why, header) in cases {
+        let mut request = app.http.get(app.url("/events/demo/seats"));
+        if let Some(header) = header {
+            request = request.header("Authorization", header);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response
+                .headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap()),
+            Some("Bearer"),
+            "{why}"
+        );
+        let seen = Seen::of(response).await;
+        assert_eq!(seen.status, 401, "{why}");
+        assert_eq!(seen.problem(), "unauthorized", "{why}");
+    }
+}
+
+#[tokio::test]
+async fn a_valid_hs256_token_is_accepted() {
+    let app = spawn_app().await;
+    app.seed("show", 1, 1000).await;
+    let secret = secrecy::ExposeSecret::expose_secret(&app.settings.auth.jwt_secret).to_owned();
+    let token = sign(
+        &secret,
+        Algorithm::HS256,
+        json!({"sub": "Buyer_1.x-y", "exp": now() + 60}),
+    );
+    let response = app
+        .http
+        .get(app.url("/events/show/seats"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}

@@ -1,0 +1,419 @@
+//! `spawn_app()`: a real instance on port 0, in a database of its own, with a
+//! real Payrail sandbox on its own port. One helper per endpoint.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{RequestBuilder, Response};
+use secrecy::SecretString;
+use serde_json::{json, Value};
+use stagedoor_checkout::auth::{BuyerId, Tokens};
+use stagedoor_checkout::checkout::seats;
+use stagedoor_checkout::config::Settings;
+use stagedoor_checkout::payrail::sandbox::Sandbox;
+use stagedoor_checkout::startup::Application;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+pub const API_KEY: &str = "sk_test_stagedoor";
+
+pub fn maintenance_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+fn database_url(name: &str) -> String {
+    let mut config: tokio_postgres::Config = maintenance_url().parse().expect("DATABASE_URL");
+    config.dbname(name);
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let password = config
+        .get_password()
+        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    format!("postgres://{user}{password}@{host}:{port}/{name}")
+}
+
+/// A database that is dropped when the last test holding it ends.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub async fn create() -> Arc<Self> {
+        let name = format!("stagedoor_test_{}", Uuid::new_v4().simple());
+        let (client, connection) = tokio_postgres::connect(&maintenance_url(), NoTls)
+            .await
+            .expect("PostgreSQL must run (see README)");
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .expect("create test database");
+        let url = database_url(&name);
+        Arc::new(Self { name, url })
+    }
+
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime; a thread of its own may block.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&maintenance_url(), NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub port: u16,
+    pub db: Arc<TestDatabase>,
+    pub sandbox: Arc<Sandbox>,
+    pub settings: Settings,
+    pub http: reqwest::Client,
+    tokens: Tokens,
+    handle: actix_web::dev::ServerHandle,
+}
+
+/// Settings for tests: the `local` layer, then short, test-friendly values.
+pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut settings = Settings::load_from(&dir, "local").expect("config");
+    settings.database.url = SecretString::from(db.url.clone());
+    settings.database.create_if_missing = false;
+    settings.database.pool_size = 8;
+    settings.server.port = 0;
+    settings.server.workers = 2;
+    settings.server.shutdown_timeout_secs = 1;
+    settings.payrail.sandbox = false;
+    settings.payrail.base_url = sandbox.base_url();
+    settings.payrail.timeout_ms = 1_000;
+    settings.payrail.breaker_failures = 1_000;
+    settings.demo.seed = false;
+    // Background jobs stay out of the way unless a test asks for them.
+    settings.reconcile.interval_secs = 3_600;
+    settings.idempotency.cleanup_interval_secs = 3_600;
+    settings
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let db = TestDatabase::create().await;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
+    let sandbox = Arc::new(Sandbox::start(listener, API_KEY.to_owned()).expect("sandbox"));
+    let mut settings = test_settings(&db, &sandbox);
+    configure(&mut settings);
+    TestApp::start(db, sandbox, settings).await
+}
+
+impl TestApp {
+    pub async fn start(db: Arc<TestDatabase>, sandbox: Arc<Sandbox>, settings: Settings) -> Self {
+        let app = Application::build(settings.clone())
+            .await
+            .expect("build the application");
+        let port = app.port();
+        let handle = app.handle();
+        tokio::spawn(app.run_until_stopped());
+        let tokens = Tokens::new(&settings.auth.jwt_secret).expect("tokens");
+        Self {
+            address: format!("http://127.0.0.1:{port}"),
+            port,
+            db,
+            sandbox,
+            settings,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+            tokens,
+            handle,
+        }
+    }
+
+    /// A second instance on the same database and sandbox.
+    pub async fn another_instance(&self) -> TestApp {
+        Self::start(self.db.clone(), self.sandbox.clone(), self.settings.clone()).await
+    }
+
+    pub fn token(&self, buyer: &str) -> String {
+        self.tokens
+            .sign(
+                &BuyerId::parse(buyer).expect("buyer id"),
+                Duration::from_secs(600),
+            )
+            .expect("sign")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub fn as_buyer(&self, builder: RequestBuilder, buyer: &str) -> RequestBuilder {
+        builder.bearer_auth(self.token(buyer))
+    }
+
+    /// Seeds an event and returns its seat ids.
+    pub async fn seed(&self, event: &str, seats: u32, price_cents: i64) -> Vec<i64> {
+        let pool = stagedoor_checkout::db::pool(&self.settings.database).expect("pool");
+        let client = pool.get().await.expect("connection");
+        seats::seed(&client, event, seats, price_cents)
+            .await
+            .expect("seed");
+        client
+            .query(
+                "SELECT seat_id FROM seats WHERE event_id = $1 ORDER BY seat_id",
+                &[&event],
+            )
+            .await
+            .expect("seat ids")
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
+    pub async fn get_seats(&self, buyer: &str, event: &str) -> Response {
+        self.as_buyer(
+            self.http.get(self.url(&format!("/events/{event}/seats"))),
+            buyer,
+        )
+        .send()
+        .await
+        .expect("GET seats")
+    }
+
+    pub async fn post_hold(&self, buyer: &str, seat_id: i64, key: Option<&str>) -> Response {
+        let mut request = self
+            .as_buyer(self.http.post(self.url("/holds")), buyer)
+            .json(&json!({ "seat_id": seat_id }));
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("POST /holds")
+    }
+
+    /// Holds a seat and returns the hold id (the hold must succeed).
+    pub async fn hold(&self, buyer: &str, seat_id: i64) -> i64 {
+        let response = self.post_hold(buyer, seat_id, None).await;
+        assert_eq!(response.status(), 201, "hold of seat {seat_id}");
+        let body: Value = response.json().await.expect("hold body");
+        body["hold_id"].as_i64().expect("hold_id")
+    }
+
+    pub async fn delete_hold(&self, buyer: &str, hold_id: i64) -> Response {
+        self.as_buyer(
+            self.http.delete(self.url(&format!("/holds/{hold_id}"))),
+            buyer,
+        )
+        .send()
+        .await
+        .expect("DELETE hold")
+    }
+
+    /// `POST /orders` with exactly these body bytes.
+    pub async fn post_order_raw(&self, buyer: &str, key: &str, body: &str) -> Response {
+        self.as_buyer(self.http.post(self.url("/orders")), buyer)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .expect("POST /orders")
+    }
+
+    pub async fn post_order(
+        &self,
+        buyer: &str,
+        key: &str,
+        hold_ids: &[i64],
+        method: &str,
+    ) -> Response {
+        self.post_order_raw(buyer, key, &order_body(hold_ids, method))
+            .await
+    }
+
+    pub async fn get_order(&self, buyer: &str, order_id: &str) -> Response {
+        self.as_buyer(
+            self.http.get(self.url(&format!("/orders/{order_id}"))),
+            buyer,
+        )
+        .send()
+        .await
+        .expect("GET order")
+    }
+
+    pub async fn charges(&self) -> Vec<Value> {
+        self.http
+            .get(format!("{}/v1/sandbox/charges", self.sandbox.base_url()))
+            .send()
+            .await
+            .expect("ledger")
+            .json()
+            .await
+            .expect("ledger body")
+    }
+
+    pub async fn set_faults(&self, faults: Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/sandbox/faults", self.sandbox.base_url()))
+            .json(&faults)
+            .send()
+            .await
+            .expect("faults");
+        assert!(response.status().is_success(), "setting faults {faults}");
+    }
+
+    /// How many rows a query counts.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db
+            .client()
+            .await
+            .query_one(sql, &[])
+            .await
+            .expect(sql)
+            .get(0)
+    }
+}
+
+/// Sends raw bytes over a new connection and returns the raw answer (for
+/// what an HTTP client library will not send: chunked bodies, odd headers).
+pub async fn raw_http(port: u16, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 8192];
+    // Read until the server closes or the answer's body is complete.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+        }
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if length.is_some_and(|n| body.len() >= n) {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+pub fn order_body(hold_ids: &[i64], method: &str) -> String {
+    json!({ "hold_ids": hold_ids, "payment_method": method }).to_string()
+}
+
+pub fn new_key() -> String {
+    Uuid::new_v4().to_string()
+}
+
+/// What a client sees of a response: status, the headers it acts on, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub location: Option<String>,
+    pub replayed: bool,
+    pub retry_after: Option<String>,
+    pub body: Vec<u8>,
+}
+
+impl Seen {
+    pub async fn of(response: Response) -> Self {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let status = response.status().as_u16();
+        let content_type = header("content-type");
+        let location = header("location");
+        let replayed = header("idempotent-replayed").as_deref() == Some("true");
+        let retry_after = header("retry-after");
+        let body = response.bytes().await.expect("body").to_vec();
+        Self {
+            status,
+            content_type,
+            location,
+            replayed,
+            retry_after,
+            body,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+
+    /// The problem slug of an RFC 9457 body.
+    pub fn problem(&self) -> String {
+        assert_eq!(
+            self.content_type.as_deref(),
+            Some("application/problem+json"),
+            "a problem body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        let body = self.json();
+        assert_eq!(body["status"].as_u64(), Some(u64::from(self.status)));
+        assert!(body["title"].is_string() && body["detail"].is_string());
+        body["type"]
+            .as_str()
+            .and_then(|t| t.strip_prefix("https://stagedoor.example/problems/"))
+            .expect("problem type")
+            .to_owned()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { handle.stop(false).await });
+        }
+    }
+}

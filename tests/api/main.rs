@@ -1,0 +1,13 @@
+//! Black-box tests of the API against a real PostgreSQL (a database per test)
+//! and a real Payrail sandbox over HTTP.
+
+mod auth;
+mod bad_input;
+mod health;
+mod helpers;
+mod holds;
+mod idempotency;
+mod invariants;
+mod orders;
+mod seats;
+mod storm;
