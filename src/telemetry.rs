@@ -2,6 +2,7 @@
 //! and a root span per request carrying its id, method, path, status and
 //! latency. Secrets never reach a field.
 
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use actix_web::body::MessageBody;
@@ -20,6 +21,7 @@ pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().flatten_event(true).try_init()

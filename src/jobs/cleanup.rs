@@ -12,7 +12,8 @@ use crate::idempotency::store;
 
 /// Rows per statement: large enough to go fast, small enough to stay brief.
 const BATCH: i64 = 5_000;
-const CLEANUP_LOCK: i64 = 0x5354_4147_434c_4e55; // "STAGCLNU"
+/// The advisory lock that lets one instance at a time clean up.
+pub const CLEANUP_LOCK: i64 = 0x5354_4147_434c_4e55; // "STAGCLNU"
 
 #[derive(Clone)]
 pub struct Cleanup {

@@ -417,3 +417,92 @@ impl Drop for TestApp {
         }
     }
 }
+
+/// The real `stagedoor-checkout` binary, serving on this app's database and
+/// sandbox with this app's settings: for tests that kill or signal it.
+pub struct ServiceProcess {
+    pub child: tokio::process::Child,
+    pub address: String,
+}
+
+impl TestApp {
+    pub async fn spawn_process(&self) -> ServiceProcess {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let s = &self.settings;
+        let env: Vec<(&str, String)> = vec![
+            ("STAGEDOOR_ENV", "local".into()),
+            (
+                "STAGEDOOR_CONFIG_DIR",
+                format!("{}/config", env!("CARGO_MANIFEST_DIR")),
+            ),
+            ("DATABASE_URL", self.db.url.clone()),
+            ("STAGEDOOR__SERVER__PORT", port.to_string()),
+            ("STAGEDOOR__SERVER__WORKERS", "1".into()),
+            (
+                "STAGEDOOR__SERVER__SHUTDOWN_TIMEOUT_SECS",
+                s.server.shutdown_timeout_secs.to_string(),
+            ),
+            ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false".into()),
+            ("STAGEDOOR__DATABASE__POOL_SIZE", "4".into()),
+            ("STAGEDOOR__DEMO__SEED", "false".into()),
+            ("STAGEDOOR__PAYRAIL__SANDBOX", "false".into()),
+            ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),
+            (
+                "STAGEDOOR__PAYRAIL__TIMEOUT_MS",
+                s.payrail.timeout_ms.to_string(),
+            ),
+            (
+                "STAGEDOOR__PAYRAIL__MAX_ATTEMPTS",
+                s.payrail.max_attempts.to_string(),
+            ),
+            (
+                "STAGEDOOR__IDEMPOTENCY__LEASE_SECS",
+                s.idempotency.lease_secs.to_string(),
+            ),
+            (
+                "STAGEDOOR__IDEMPOTENCY__TTL_SECS",
+                s.idempotency.ttl_secs.to_string(),
+            ),
+            (
+                "STAGEDOOR__RECONCILE__INTERVAL_SECS",
+                s.reconcile.interval_secs.to_string(),
+            ),
+            (
+                "STAGEDOOR__RECONCILE__GRACE_SECS",
+                s.reconcile.grace_secs.to_string(),
+            ),
+            ("RUST_LOG", "warn".into()),
+        ];
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
+            .arg("serve")
+            .envs(env)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn stagedoor-checkout");
+        let address = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if let Ok(r) = self.http.get(format!("{address}/healthz")).send().await {
+                if r.status().is_success() {
+                    return ServiceProcess { child, address };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the service process never became healthy");
+    }
+}
+
+impl ServiceProcess {
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}

@@ -3,6 +3,9 @@
 
 mod auth;
 mod bad_input;
+mod bad_night;
+mod cli;
+mod expiry;
 mod health;
 mod helpers;
 mod holds;
@@ -11,3 +14,4 @@ mod invariants;
 mod orders;
 mod seats;
 mod storm;
+mod takeover;

@@ -1,0 +1,195 @@
+//! Payrail misbehaving for real (sandbox faults and test cards): each test
+//! causes the failure, then checks the outcome the buyer sees and SPEC §9.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::helpers::{new_key, spawn_app_with, Seen, TestApp};
+use crate::invariants::assert_invariants;
+
+/// Retries one click until it has an answer other than 409, as a client
+/// honouring `Retry-After` would (bounded).
+async fn retry_until_answered(app: &TestApp, buyer: &str, key: &str, holds: &[i64]) -> Seen {
+    for _ in 0..60 {
+        let seen = Seen::of(app.post_order(buyer, key, holds, "pm_card_visa").await).await;
+        if seen.status != 409 {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("the click never got an answer");
+}
+
+#[tokio::test]
+async fn payrail_errors_are_503_unstored_and_a_retry_after_recovery_charges_once() {
+    let app = spawn_app_with(|s| s.idempotency.lease_secs = 1).await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let key = new_key();
+    app.set_faults(json!({"error_rate": 1.0})).await;
+
+    let failed = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!(failed.status, 503);
+    assert_eq!(failed.problem(), "payment-unavailable");
+    assert!(failed.retry_after.is_some());
+    // The order exists, so the key stays in progress: a retry is 409, not a
+    // second order.
+    let during = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!(during.problem(), "request-in-progress");
+    assert!(app.charges().await.is_empty());
+
+    app.set_faults(json!({})).await;
+    let healed = retry_until_answered(&app, "alice", &key, &[hold]).await;
+    assert_eq!(
+        healed.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&healed.body)
+    );
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(app.charges().await.len(), 1);
+    let replay = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!((replay.replayed, &replay.body), (true, &healed.body));
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
+async fn a_charge_answered_too_late_is_504_then_settled_by_reconciliation_and_replayed() {
+    let app = spawn_app_with(|s| {
+        s.payrail.timeout_ms = 300;
+        s.payrail.max_attempts = 1;
+        s.reconcile.interval_secs = 1;
+        s.reconcile.grace_secs = 1;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    app.set_faults(json!({"slow_ms": 5_000})).await;
+    let key = new_key();
+
+    let timed_out = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_slow").await).await;
+    assert_eq!(timed_out.status, 504);
+    assert_eq!(timed_out.problem(), "payment-timeout");
+    let ledger = app.charges().await;
+    assert_eq!(
+        ledger.len(),
+        1,
+        "the charge was made before the answer was lost"
+    );
+
+    let retry = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_slow").await).await;
+    assert_eq!(retry.problem(), "request-in-progress");
+    assert_eq!(retry.retry_after.as_deref(), Some("1"));
+
+    // Reconciliation asks Payrail again with the order's key (a repeat answers
+    // at once), settles the order and stores the answer on the key.
+    let mut settled = None;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let seen = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_slow").await).await;
+        if seen.status != 409 {
+            settled = Some(seen);
+            break;
+        }
+    }
+    let settled = settled.expect("reconciliation settled the order");
+    assert_eq!((settled.status, settled.replayed), (201, true));
+    assert_eq!(settled.json()["status"], "paid");
+    let ledger = app.charges().await;
+    assert_eq!(ledger.len(), 1);
+    assert_eq!(settled.json()["charge_id"], ledger[0]["id"]);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
+async fn the_breaker_opens_after_consecutive_failures_and_closes_after_a_good_probe() {
+    let app = spawn_app_with(|s| {
+        s.payrail.breaker_failures = 2;
+        s.payrail.breaker_open_secs = 1;
+        s.payrail.max_attempts = 2;
+    })
+    .await;
+    let seats = app.seed("show", 2, 2500).await;
+    let (a, b) = (
+        app.hold("alice", seats[0]).await,
+        app.hold("bob", seats[1]).await,
+    );
+    app.set_faults(json!({"error_rate": 1.0})).await;
+
+    let first = Seen::of(
+        app.post_order("alice", &new_key(), &[a], "pm_card_visa")
+            .await,
+    )
+    .await;
+    assert_eq!(first.problem(), "payment-unavailable");
+
+    // Payrail is healthy again, but the breaker is open: answered at once
+    // without calling Payrail (a call would have charged), and since nothing
+    // was made the key is released, so the same click can start afresh.
+    app.set_faults(json!({})).await;
+    let key = new_key();
+    let refused = Seen::of(app.post_order("bob", &key, &[b], "pm_card_visa").await).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.problem(), "payment-unavailable");
+    assert!(refused.retry_after.is_some());
+    assert!(app.charges().await.is_empty(), "Payrail was not called");
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE user_id = 'bob'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE user_id = 'bob'")
+            .await,
+        0
+    );
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let healed = Seen::of(app.post_order("bob", &key, &[b], "pm_card_visa").await).await;
+    assert_eq!((healed.status, healed.replayed), (201, false));
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
+async fn a_charge_that_keeps_failing_stays_pending_and_is_retried_with_growing_delays() {
+    let app = spawn_app_with(|s| {
+        s.reconcile.interval_secs = 1;
+        s.reconcile.grace_secs = 0;
+        s.payrail.max_attempts = 1;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let failed = Seen::of(
+        app.post_order("alice", &new_key(), &[hold], "pm_card_error")
+            .await,
+    )
+    .await;
+    assert_eq!(failed.problem(), "payment-unavailable");
+
+    tokio::time::sleep(Duration::from_millis(3_600)).await;
+    let row = app
+        .db
+        .client()
+        .await
+        .query_one(
+            "SELECT status, reconcile_attempts,
+                    extract(epoch FROM reconcile_after - now())::float8 AS next_in
+             FROM orders",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (status, attempts, next_in): (String, i32, f64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(status, "payment_pending", "never settled without an answer");
+    // Attempts at about 1 s and 2 s, then the next waits until 4 s: the
+    // delay doubles instead of hammering Payrail every interval.
+    assert!((2..=3).contains(&attempts), "attempts {attempts}");
+    assert!(
+        next_in > 0.0,
+        "the next attempt is scheduled ahead: {next_in}"
+    );
+    assert!(app.charges().await.is_empty());
+    assert_invariants(&app).await;
+}

@@ -1,0 +1,108 @@
+//! The command line, run as the real binary.
+
+use std::process::Output;
+
+use crate::helpers::{spawn_app, Seen, TestApp};
+
+async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
+        .args(args)
+        .env(
+            "STAGEDOOR_CONFIG_DIR",
+            format!("{}/config", env!("CARGO_MANIFEST_DIR")),
+        )
+        .env("STAGEDOOR_ENV", "local")
+        .env("DATABASE_URL", &app.db.url)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn token_prints_a_bearer_token_the_service_accepts() {
+    let app = spawn_app().await;
+    app.seed("show", 1, 1000).await;
+    let output = run(
+        &app,
+        &["token", "--sub", "cli-buyer", "--ttl-secs", "60"],
+        &[],
+    )
+    .await;
+    assert!(output.status.success());
+    let token = String::from_utf8(output.stdout).unwrap();
+    let response = app
+        .http
+        .get(app.url("/events/show/seats"))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let bad = run(&app, &["token", "--sub", "not ok"], &[]).await;
+    assert!(!bad.status.success());
+}
+
+#[tokio::test]
+async fn seed_creates_an_event_idempotently_and_prints_a_summary() {
+    let app = spawn_app().await;
+    for created in [25, 0] {
+        let output = run(
+            &app,
+            &[
+                "seed",
+                "--event",
+                "cli-show",
+                "--seats",
+                "25",
+                "--price-cents",
+                "1200",
+            ],
+            &[],
+        )
+        .await;
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(summary["event_id"], "cli-show");
+        assert_eq!(summary["seats"], 25);
+        assert_eq!(summary["created"], created);
+    }
+    let seen = Seen::of(app.get_seats("alice", "cli-show").await).await;
+    assert_eq!(seen.json()["seats"].as_array().unwrap().len(), 25);
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent() {
+    let app = spawn_app().await;
+    let output = run(&app, &["migrate"], &[]).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_bad_setting_stops_the_start_with_its_key_named() {
+    let app = spawn_app().await;
+    let cases = [
+        (vec![("STAGEDOOR__SERVER__PORT", "eighty")], "port"),
+        (vec![("STAGEDOOR__IDEMPOTENCY__LOCK", "zookeeper")], "lock"),
+        (
+            vec![("STAGEDOOR__PAYRAIL__TIMEOUT_MS", "0")],
+            "payrail.timeout_ms",
+        ),
+        (vec![("STAGEDOOR_ENV", "production")], "auth.jwt_secret"),
+    ];
+    for (env, key) in cases {
+        let output = run(&app, &["serve"], &env).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{env:?}");
+        assert!(stderr.contains(key), "{env:?}: {stderr}");
+    }
+}

@@ -1,0 +1,206 @@
+//! Crashes, stalls and shutdowns: a request that dies or pauses between its
+//! claim and its answer, with real processes and real signals.
+
+use std::time::Duration;
+
+use serde_json::json;
+use stagedoor_checkout::checkout::orders::{self, OrderRequest};
+use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
+use stagedoor_checkout::idempotency::{
+    Begin, Finished, IdempotencyKey, RequestHash, StoredResponse,
+};
+use stagedoor_checkout::payrail;
+
+use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
+use crate::invariants::assert_invariants;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.lease_secs = 1;
+        s.payrail.timeout_ms = 5_000;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let mut doomed = app.spawn_process().await;
+    app.set_faults(json!({"latency_ms": 3_000})).await;
+    let key = new_key();
+
+    let in_flight = {
+        let request = app
+            .as_buyer(app.http.post(format!("{}/orders", doomed.address)), "alice")
+            .header("Idempotency-Key", key.clone())
+            .body(order_body(&[hold], "pm_card_visa"));
+        tokio::spawn(async move { request.send().await })
+    };
+    // Payrail has made the charge and is sitting on its answer: kill -9.
+    for _ in 0..100 {
+        if !app.charges().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    doomed.child.start_kill().unwrap();
+    doomed.child.wait().await.unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its answer"
+    );
+    app.set_faults(json!({})).await;
+
+    // The retry lands on another instance: 409 while the dead request's lease
+    // lasts, then a takeover resumes the same order with the same Payrail key.
+    let mut answer = None;
+    for _ in 0..40 {
+        let seen = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+        if seen.status != 409 {
+            answer = Some(seen);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = answer.expect("an answer within the lease");
+    assert_eq!(
+        answer.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
+    let ledger = app.charges().await;
+    assert_eq!(ledger.len(), 1, "one charge");
+    assert_eq!(answer.json()["charge_id"], ledger[0]["id"]);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.lease_secs = 1;
+        s.payrail.timeout_ms = 10_000;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    app.set_faults(json!({"latency_ms": 2_500})).await;
+    let key = new_key();
+
+    let zombie = {
+        let request = app
+            .as_buyer(app.http.post(app.url("/orders")), "alice")
+            .header("Idempotency-Key", key.clone())
+            .body(order_body(&[hold], "pm_card_visa"));
+        tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    // The first request's lease is over: this one takes the key over.
+    let taker = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    let zombie = zombie.await.unwrap();
+
+    assert_eq!((taker.status, taker.replayed), (201, false));
+    // The zombie got its Payrail answer first but could not store it: it
+    // answers what the key says (still in progress, or the taker's answer).
+    match zombie.status {
+        409 => assert_eq!(zombie.problem(), "request-in-progress"),
+        201 => assert!(zombie.replayed && zombie.body == taker.body),
+        other => panic!("zombie answered {other}"),
+    }
+    let replay = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!(replay.body, taker.body, "the stored answer is the taker's");
+    assert_eq!(app.charges().await.len(), 1);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
+async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
+    let app = spawn_app_with(|s| s.idempotency.lease_secs = 1).await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
+    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
+    let policy = KeyPolicy {
+        ttl: Duration::from_secs(3600),
+        lease: Duration::from_secs(1),
+    };
+    let key = IdempotencyKey::parse(b"paused-click").unwrap();
+    let body = order_body(&[hold], "pm_card_visa");
+    let hash = RequestHash::of("POST", "/orders", body.as_bytes());
+    let request: OrderRequest = serde_json::from_str(&body).unwrap();
+    let client = pool.get().await.unwrap();
+
+    let Begin::Claimed(paused) = store::begin(&client, policy, "alice", &key, &hash)
+        .await
+        .unwrap()
+    else {
+        panic!("first claim");
+    };
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let Begin::Claimed(taker) = store::begin(&client, policy, "alice", &key, &hash)
+        .await
+        .unwrap()
+    else {
+        panic!("takeover after the lease");
+    };
+
+    // The paused request wakes up: its writes are fenced off.
+    let fenced = orders::place(&pool, &payrail, &paused, &request)
+        .await
+        .unwrap();
+    assert!(matches!(fenced, Finished::Fenced));
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
+    let stale = StoredResponse {
+        status: 200,
+        body: b"stale".to_vec(),
+        location: None,
+        content_type: "text/plain".into(),
+    };
+    assert!(!store::complete(&client, &paused, &stale).await.unwrap());
+    assert!(!store::release(&client, &paused).await.unwrap());
+
+    // The taker does the work once.
+    let done = orders::place(&pool, &payrail, &taker, &request)
+        .await
+        .unwrap();
+    assert!(matches!(done, Finished::Stored(ref r) if r.status == 201));
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(app.charges().await.len(), 1);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_order_finish_and_exits_zero() {
+    let app = spawn_app_with(|s| s.server.shutdown_timeout_secs = 10).await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let mut service = app.spawn_process().await;
+    app.set_faults(json!({"latency_ms": 700})).await;
+
+    let in_flight = {
+        let request = app
+            .as_buyer(
+                app.http.post(format!("{}/orders", service.address)),
+                "alice",
+            )
+            .header("Idempotency-Key", new_key())
+            .body(order_body(&[hold], "pm_card_visa"));
+        tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    service.signal("TERM");
+    let seen = in_flight.await.unwrap();
+    assert_eq!(seen.status, 201, "the in-flight order finished");
+    let status = tokio::time::timeout(Duration::from_secs(15), service.child.wait())
+        .await
+        .expect("exits after draining")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    // Stopped accepting: nothing listens any more.
+    assert!(app
+        .http
+        .get(format!("{}/healthz", service.address))
+        .send()
+        .await
+        .is_err());
+    assert_invariants(&app).await;
+}
