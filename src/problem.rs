@@ -73,6 +73,31 @@ pub enum Problem {
     Internal(#[source] anyhow::Error),
 }
 
+// For the OpenAPI document only: `Body` below is what is sent, and a unit
+// test keeps the two in step.
+/// An RFC 9457 Problem Details body (`application/problem+json`).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct ProblemDetails {
+    /// `https://stagedoor.example/problems/<slug>`.
+    #[schema(
+        rename = "type",
+        format = "uri",
+        example = "https://stagedoor.example/problems/hold-unavailable"
+    )]
+    kind: String,
+    /// A short summary of the problem type.
+    #[schema(example = "Hold unavailable")]
+    title: String,
+    /// The HTTP status code, repeated.
+    #[schema(example = 409)]
+    status: u16,
+    /// What went wrong with this request.
+    detail: String,
+    /// The declined order (`payment-declined` only).
+    order_id: Option<Uuid>,
+}
+
 #[derive(Serialize)]
 struct Body<'a> {
     #[serde(rename = "type")]
@@ -283,6 +308,31 @@ mod tests {
         );
         assert_eq!(body["status"], 409);
         assert!(body["title"].is_string() && body["detail"].is_string());
+    }
+
+    #[test]
+    fn the_documented_problem_schema_has_the_members_that_are_sent() {
+        use utoipa::openapi::{schema::Schema, RefOr};
+        use utoipa::PartialSchema;
+        let RefOr::T(Schema::Object(schema)) = ProblemDetails::schema() else {
+            panic!("the problem schema is an object");
+        };
+        let mut documented: Vec<&str> = schema.properties.keys().map(String::as_str).collect();
+        documented.sort_unstable();
+        let declined = Problem::PaymentDeclined {
+            order_id: Uuid::nil(),
+        };
+        let body: serde_json::Value = serde_json::from_slice(&declined.to_response().body).unwrap();
+        let mut sent: Vec<&str> = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        sent.sort_unstable();
+        assert_eq!(documented, sent);
+        let required: Vec<&str> = schema.required.iter().map(String::as_str).collect();
+        assert!(!required.contains(&"order_id"), "{required:?}");
     }
 
     #[test]

@@ -16,9 +16,10 @@ use crate::checkout::seats;
 use crate::config::Settings;
 use crate::http::{self, AppState};
 use crate::idempotency::store::KeyPolicy;
+use crate::idempotency::Gate;
 use crate::jobs::Jobs;
 use crate::payrail::{self, sandbox::Sandbox};
-use crate::{db, telemetry};
+use crate::{db, observe, telemetry};
 
 /// The demo event a fresh local run offers.
 pub const DEMO_EVENT: &str = "demo";
@@ -34,6 +35,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        observe::install();
         prepare_database(&settings).await?;
         let pool = db::pool(&settings.database)?;
         if settings.demo.seed {
@@ -68,6 +70,7 @@ impl Application {
             pool: pool.clone(),
             payrail: payrail.clone(),
             tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
+            gate: Gate::connect(&settings.idempotency, &settings.redis).await?,
             keys: KeyPolicy {
                 ttl: settings.idempotency.ttl(),
                 lease: settings.idempotency.lease(),
@@ -75,8 +78,10 @@ impl Application {
             hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
             max_body_bytes: settings.http.max_body_bytes,
         });
+        let cors_origins = settings.http.cors_origins.clone();
         let mut server = HttpServer::new(move || {
             App::new()
+                .wrap(http::cors::cors(&cors_origins))
                 .wrap(from_fn(telemetry::log_request))
                 .app_data(state.clone())
                 .configure(http::routes)

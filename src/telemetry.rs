@@ -51,7 +51,15 @@ pub async fn log_request(
     );
     let mut response = next.call(req).instrument(span.clone()).await?;
     let status = response.status().as_u16();
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let elapsed = started.elapsed().as_secs_f64();
+    let latency_ms = elapsed * 1000.0;
+    let route = response.request().match_pattern();
+    crate::observe::http_request(
+        response.request().method().as_str(),
+        route.as_deref().unwrap_or("unmatched"),
+        status,
+        elapsed,
+    );
     span.in_scope(|| {
         if status >= 500 {
             tracing::warn!(status, latency_ms, "request finished");

@@ -10,10 +10,12 @@ use tokio_postgres::error::SqlState;
 
 use crate::problem::Problem;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Hold {
     pub hold_id: i64,
     pub seat_id: i64,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
     pub expires_at: String,
 }
 

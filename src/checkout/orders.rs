@@ -20,23 +20,39 @@ pub const CURRENCY: &str = "USD";
 const MAX_HOLDS: usize = 50;
 
 /// The body of `POST /orders`, as parsed before the key is touched.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderRequest {
+    /// The buyer's live holds to pay for, each once.
+    #[schema(min_items = 1, max_items = 50)]
     pub hold_ids: Vec<i64>,
+    /// `pm_card_visa`, `pm_card_declined`, … (letters, digits, `_`).
+    #[schema(
+        pattern = "^pm_[A-Za-z0-9_]+$",
+        max_length = 64,
+        example = "pm_card_visa"
+    )]
     pub payment_method: String,
 }
 
 /// An order as the buyer sees it (the 201 body and `GET /orders/{id}`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Order {
     pub order_id: Uuid,
+    /// `paid`, `declined` or `payment_pending`.
+    #[schema(schema_with = status_schema)]
     pub status: String,
     pub amount_cents: i64,
+    #[schema(example = "USD")]
     pub currency: String,
     pub hold_ids: Vec<i64>,
+    /// The seat labels, in the order of `hold_ids`.
     pub seats: Vec<String>,
+    /// Payrail's charge id; null until Payrail has answered.
+    #[schema(required = true)]
     pub charge_id: Option<String>,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
     pub created_at: String,
     #[serde(skip)]
     payment_method: String,
@@ -44,6 +60,14 @@ pub struct Order {
     pub user_id: String,
     #[serde(skip)]
     pub idempotency_key: String,
+}
+
+/// The order statuses, for the OpenAPI document.
+fn status_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(["paid", "declined", "payment_pending"]))
+        .build()
 }
 
 const COLUMNS: &str = "order_id, user_id, status, amount_cents, currency, payment_method, \

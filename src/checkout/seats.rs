@@ -5,17 +5,27 @@ use serde::Serialize;
 
 use crate::db::DbError;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Seat {
     pub seat_id: i64,
+    #[schema(example = "A1")]
     pub label: String,
     pub price_cents: i64,
     /// `available`, `held` (a live hold or a pending order) or `sold`.
+    #[schema(schema_with = status_schema)]
     pub status: &'static str,
 }
 
+/// The seat statuses `seat_map` gives, for the OpenAPI document.
+fn status_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(["available", "held", "sold"]))
+        .build()
+}
+
 /// The body of `GET /events/{event_id}/seats`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SeatMap {
     pub event_id: String,
     pub seats: Vec<Seat>,
@@ -34,6 +44,11 @@ pub async fn seat_map(
     client: &impl GenericClient,
     event_id: &str,
 ) -> Result<Option<SeatMap>, DbError> {
+    // PostgreSQL text cannot hold NUL, so no event has such an id; asking
+    // would be an encoding error (a 500) instead of a 404.
+    if event_id.contains('\0') {
+        return Ok(None);
+    }
     // The exclusion constraint on holds leaves at most one live or ordered
     // hold per seat, so the join yields one row per seat.
     let statement = client

@@ -1,18 +1,48 @@
 //! Liveness and readiness for orchestrators.
 
 use actix_web::{web, HttpResponse};
+use serde::Serialize;
 
 use super::AppState;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemDetails};
+
+/// The body of `/healthz` and `/readyz`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok` (`/healthz`) or `ready` (`/readyz`).
+    #[schema(example = "ok")]
+    status: &'static str,
+}
 
 /// The process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    summary = "Liveness",
+    responses((status = 200, description = "The process is up", body = Health))
+)]
 pub async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+    HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// The database answers: this instance can serve.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    summary = "Readiness",
+    responses(
+        (status = 200, description = "The database answers", body = Health),
+        (status = 500, description = "`internal`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`service-unavailable`: the database is out of reach",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    )
+)]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let client = state.pool.get().await?;
     client.simple_query("SELECT 1").await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

@@ -2,17 +2,71 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use super::{body, idempotent, AppState, Buyer};
-use crate::checkout::holds;
+use crate::checkout::holds::{self, Hold};
 use crate::idempotency::{Finished, StoredResponse};
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemDetails};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct HoldRequest {
     seat_id: i64,
 }
 
 /// `POST /holds`: idempotent when an `Idempotency-Key` is sent.
+#[utoipa::path(
+    post,
+    path = "/holds",
+    operation_id = "hold_seat",
+    tag = "holds",
+    summary = "Hold a seat",
+    description = "The seat stays the buyer's for `holds.ttl_secs`. With an `Idempotency-Key` \
+        the first answer (2xx or 4xx) is stored and a retry with the same key gets it back.",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+            pattern = "^[!#-~]{1,255}$",
+            description = "Optional. 1-255 visible ASCII characters, made once per click; \
+                the structured-field form `\"...\"` means the text inside the quotes"),
+    ),
+    request_body = HoldRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Held", body = Hold,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
+            links(
+                ("ReleaseHold" = (operation_id = "release_hold",
+                    parameters(("hold_id" = "$response.body#/hold_id")))),
+                ("PayForHold" = (operation_id = "place_order",
+                    request_body = json!({
+                        "hold_ids": ["$response.body#/hold_id"],
+                        "payment_method": "pm_card_visa"
+                    }))),
+            )),
+        (status = 400, description = "`idempotency-key-invalid` or `invalid-request` \
+            (not JSON, or not this shape); nothing is stored",
+            body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
+            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
+        (status = 404, description = "`not-found`: there is no such seat", body = ProblemDetails,
+            content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 409, description = "`seat-unavailable` (another live hold or an order has it) \
+            or `request-in-progress` (with `Retry-After`)",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(
+                ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
+                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+            )),
+        (status = 413, description = "`payload-too-large`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency-key-reused`: the key was sent with another request",
+            body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 500, description = "`internal`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`service-unavailable`: the database is out of reach",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    )
+)]
 pub async fn create(
     state: web::Data<AppState>,
     buyer: Buyer,
@@ -39,6 +93,27 @@ pub async fn create(
 }
 
 /// `DELETE /holds/{hold_id}`: the buyer's own, unordered holds only.
+#[utoipa::path(
+    delete,
+    path = "/holds/{hold_id}",
+    operation_id = "release_hold",
+    tag = "holds",
+    summary = "Give a held seat back",
+    params(("hold_id" = i64, Path, description = "The hold's id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
+            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
+        (status = 404, description = "`not-found`: unknown, another buyer's, or in an order",
+            body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 500, description = "`internal`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`service-unavailable`: the database is out of reach",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    )
+)]
 pub async fn release(
     state: web::Data<AppState>,
     buyer: Buyer,

@@ -10,8 +10,9 @@ use actix_web::{HttpRequest, HttpResponse};
 use super::AppState;
 use crate::auth::BuyerId;
 use crate::idempotency::{
-    store, Begin, Claim, Finished, IdempotencyKey, RequestHash, StoredResponse,
+    store, Begin, Claim, ClaimKind, Finished, IdempotencyKey, RequestHash, StoredResponse,
 };
+use crate::observe;
 use crate::problem::Problem;
 
 pub const REPLAYED: &str = "Idempotent-Replayed";
@@ -47,15 +48,40 @@ where
         .path_and_query()
         .map_or(req.path(), |pq| pq.as_str());
     let hash = RequestHash::of(req.method().as_str(), path, body);
+    let admitted = state
+        .gate
+        .enter(buyer.as_str(), &key, state.keys.lease)
+        .await;
     let begun = {
         let client = state.pool.get().await?;
-        store::begin(&client, state.keys, buyer.as_str(), &key, &hash).await?
+        if admitted {
+            store::begin(&client, state.keys, buyer.as_str(), &key, &hash).await?
+        } else {
+            store::current(&client, state.keys, buyer.as_str(), &key, &hash).await?
+        }
     };
+    observe::idempotency(match &begun {
+        Begin::Claimed(claim) => match claim.kind {
+            ClaimKind::First => "first",
+            ClaimKind::Expired => "expired_takeover",
+            ClaimKind::Abandoned => "lease_takeover",
+        },
+        Begin::Replay(_) => "replay",
+        Begin::InProgress => "in_progress",
+        Begin::KeyReused => "key_reused",
+    });
     let claim = match begun {
         Begin::Claimed(claim) => claim,
-        other => return answer_begun(other),
+        other => {
+            if admitted {
+                state.gate.leave(buyer.as_str(), &key).await;
+            }
+            return answer_begun(other);
+        }
     };
-    match work(claim.clone()).await {
+    let finished = work(claim.clone()).await;
+    let fenced = matches!(finished, Ok(Finished::Fenced));
+    let answer = match finished {
         Ok(Finished::Stored(response)) => Ok(respond(&response, false)),
         Ok(Finished::Answer(response)) => store_and_answer(state, &claim, &hash, response).await,
         Ok(Finished::Fenced) => answer_current(state, &claim, &hash).await,
@@ -71,7 +97,14 @@ where
             Err(problem)
         }
         Err(problem) => store_and_answer(state, &claim, &hash, problem.to_response()).await,
+    };
+    // The gate marks a claim in flight. This one is over, unless it was
+    // fenced off, in which case the gate now belongs to the request that took
+    // the key over.
+    if !fenced {
+        state.gate.leave(&claim.user_id, &claim.key).await;
     }
+    answer
 }
 
 /// The answer of a request with no key: the work's answer, unstored.
@@ -103,7 +136,7 @@ async fn answer_current(
     hash: &RequestHash,
 ) -> Result<HttpResponse, Problem> {
     let client = state.pool.get().await?;
-    answer_begun(store::current(&client, state.keys, claim, hash).await?)
+    answer_begun(store::current(&client, state.keys, &claim.user_id, &claim.key, hash).await?)
 }
 
 fn answer_begun(begun: Begin) -> Result<HttpResponse, Problem> {

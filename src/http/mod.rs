@@ -3,9 +3,13 @@
 
 mod auth;
 mod body;
+pub mod cors;
+mod demo;
 mod health;
 mod holds;
 mod idempotent;
+mod metrics;
+mod openapi;
 mod orders;
 mod seats;
 
@@ -17,6 +21,7 @@ use deadpool_postgres::Pool;
 
 use crate::auth::Tokens;
 use crate::idempotency::store::KeyPolicy;
+use crate::idempotency::Gate;
 use crate::payrail;
 use crate::problem::Problem;
 
@@ -28,6 +33,7 @@ pub struct AppState {
     pub payrail: Arc<payrail::Client>,
     pub tokens: Tokens,
     pub keys: KeyPolicy,
+    pub gate: Gate,
     pub hold_ttl: Duration,
     pub max_body_bytes: usize,
 }
@@ -36,11 +42,15 @@ pub struct AppState {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz").route(web::get().to(health::healthz)))
         .service(resource("/readyz").route(web::get().to(health::readyz)))
+        .service(resource("/metrics").route(web::get().to(metrics::metrics)))
+        .service(resource("/openapi.json").route(web::get().to(openapi::openapi_json)))
         .service(resource("/events/{event_id}/seats").route(web::get().to(seats::seat_map)))
         .service(resource("/holds").route(web::post().to(holds::create)))
         .service(resource("/holds/{hold_id}").route(web::delete().to(holds::release)))
         .service(resource("/orders").route(web::post().to(orders::create)))
-        .service(resource("/orders/{order_id}").route(web::get().to(orders::show)));
+        .service(resource("/orders/{order_id}").route(web::get().to(orders::show)))
+        .service(resource("/demo/").route(web::get().to(demo::page)))
+        .service(resource("/demo").route(web::get().to(demo::redirect)));
 }
 
 /// A resource whose unknown methods answer 405 instead of actix's 404.

@@ -2,10 +2,71 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use uuid::Uuid;
 
 use super::{body, idempotent, AppState, Buyer};
-use crate::checkout::orders::{self, OrderRequest};
-use crate::problem::Problem;
+use crate::checkout::orders::{self, Order, OrderRequest};
+use crate::problem::{Problem, ProblemDetails};
 
 /// `POST /orders`: the Idempotency-Key is required.
+#[utoipa::path(
+    post,
+    path = "/orders",
+    operation_id = "place_order",
+    tag = "orders",
+    summary = "Pay for holds: one click, one order, at most one charge",
+    description = "Every 2xx and 4xx answer of the intent (201, 402, 409 `hold-unavailable`, \
+        422 `invalid-order`) is stored under the key and replayed, byte for byte, to a retry with \
+        the same key and body. 5xx answers are never stored: retry with the same key.",
+    params(
+        ("Idempotency-Key" = String, Header, min_length = 1, max_length = 255,
+            pattern = "^[!#-~]{1,255}$",
+            description = "Required. 1-255 visible ASCII characters, made once per click and \
+                reused for every retry of it; the structured-field form `\"...\"` means the \
+                text inside the quotes"),
+    ),
+    request_body = OrderRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Charged: the order", body = Order,
+            headers(
+                ("Location" = String, description = "`/orders/{order_id}`"),
+                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+            ),
+            links(("ShowOrder" = (operation_id = "show_order",
+                parameters(("order_id" = "$response.body#/order_id")))))),
+        (status = 400, description = "`idempotency-key-missing`, `idempotency-key-invalid` or \
+            `invalid-request` (not JSON, or not this shape); nothing is stored",
+            body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
+            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
+        (status = 402, description = "`payment-declined`, with the declined order's `order_id`; \
+            the holds stay the buyer's for another click with a new key",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
+            links(("ShowDeclinedOrder" = (operation_id = "show_order",
+                parameters(("order_id" = "$response.body#/order_id")))))),
+        (status = 409, description = "`hold-unavailable` (a hold is unknown, not yours, expired \
+            or in another order) or `request-in-progress` (with `Retry-After`)",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(
+                ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
+                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+            )),
+        (status = 413, description = "`payload-too-large`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 422, description = "`invalid-order` (no holds, a hold twice, a malformed \
+            payment method) or `idempotency-key-reused` (the key was sent with another request)",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 500, description = "`internal`; not stored", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`payment-unavailable` (Payrail failing or its breaker open) \
+            or `service-unavailable` (the database is out of reach); not stored",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        (status = 504, description = "`payment-timeout`: Payrail did not answer in time; not \
+            stored, the order is settled later", body = ProblemDetails,
+            content_type = "application/problem+json"),
+    )
+)]
 pub async fn create(
     state: web::Data<AppState>,
     buyer: Buyer,
@@ -23,6 +84,27 @@ pub async fn create(
 }
 
 /// `GET /orders/{order_id}`: another buyer's order is 404.
+#[utoipa::path(
+    get,
+    path = "/orders/{order_id}",
+    operation_id = "show_order",
+    tag = "orders",
+    summary = "One of the buyer's orders",
+    params(("order_id" = uuid::Uuid, Path, description = "The order's id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
+            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
+        (status = 404, description = "`not-found`: no such order of this buyer's",
+            body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 500, description = "`internal`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`service-unavailable`: the database is out of reach",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    )
+)]
 pub async fn show(
     state: web::Data<AppState>,
     buyer: Buyer,

@@ -1,10 +1,31 @@
 use actix_web::{web, HttpResponse};
 
 use super::{AppState, Buyer};
-use crate::checkout::seats;
-use crate::problem::Problem;
+use crate::checkout::seats::{self, SeatMap};
+use crate::problem::{Problem, ProblemDetails};
 
 /// `GET /events/{event_id}/seats`
+#[utoipa::path(
+    get,
+    path = "/events/{event_id}/seats",
+    operation_id = "seat_map",
+    tag = "seats",
+    summary = "The seat map of an event",
+    params(("event_id" = String, Path, description = "The event's id", example = "demo")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every seat of the event and its status", body = SeatMap),
+        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
+            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
+        (status = 404, description = "`not-found`: there is no such event", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 500, description = "`internal`", body = ProblemDetails,
+            content_type = "application/problem+json"),
+        (status = 503, description = "`service-unavailable`: the database is out of reach",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    )
+)]
 pub async fn seat_map(
     state: web::Data<AppState>,
     _buyer: Buyer,

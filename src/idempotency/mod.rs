@@ -4,8 +4,10 @@
 
 mod fingerprint;
 mod key;
+mod lock;
 pub mod store;
 
 pub use fingerprint::RequestHash;
 pub use key::{IdempotencyKey, KeyError};
-pub use store::{Begin, Claim, Finished, StoredResponse};
+pub use lock::{Gate, GateError};
+pub use store::{Begin, Claim, ClaimKind, Finished, StoredResponse};

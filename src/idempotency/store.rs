@@ -31,6 +31,18 @@ pub struct Claim {
     /// The order an earlier holder of this key made, when this claim is a
     /// takeover: resume it instead of making another.
     pub order_id: Option<Uuid>,
+    pub kind: ClaimKind,
+}
+
+/// How a claim was won.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    /// The key was new.
+    First,
+    /// The key was past its TTL: a new intent under an old key.
+    Expired,
+    /// The key was in progress past its lease: this claim finishes the intent.
+    Abandoned,
 }
 
 /// What the key row says about a request.
@@ -80,6 +92,7 @@ pub async fn begin(
         key: key.clone(),
         token: Uuid::new_v4(),
         order_id: None,
+        kind: ClaimKind::First,
     };
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.
@@ -112,6 +125,7 @@ pub async fn begin(
         if row.expired {
             // Older than the TTL: a new intent, as if the row were absent.
             if take_expired(client, policy, &claim, hash, row.token).await? {
+                claim.kind = ClaimKind::Expired;
                 return Ok(Begin::Claimed(claim));
             }
             continue;
@@ -128,31 +142,32 @@ pub async fn begin(
         // The holder's lease ran out (it crashed or stalled): finish its intent.
         if let Some(order_id) = take_abandoned(client, policy, &claim, row.token).await? {
             claim.order_id = order_id;
+            claim.kind = ClaimKind::Abandoned;
             return Ok(Begin::Claimed(claim));
         }
     }
     Ok(Begin::InProgress)
 }
 
-/// What the key row says now, without claiming anything: for a request whose
-/// claim was fenced off.
+/// What the key row says now, without claiming anything: for a request
+/// whose claim was fenced off, or that the Redis gate turned away. A row that
+/// is missing, expired or abandoned belongs to whoever holds the intent now.
 pub async fn current(
     client: &impl GenericClient,
     policy: KeyPolicy,
-    claim: &Claim,
+    user_id: &str,
+    key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<Begin, DbError> {
-    Ok(
-        match read(client, policy, &claim.user_id, &claim.key).await? {
-            Some(row) if !row.expired && row.hash != hash.as_bytes() => Begin::KeyReused,
-            Some(KeyRow {
-                response: Some(response),
-                expired: false,
-                ..
-            }) => Begin::Replay(response),
-            _ => Begin::InProgress,
-        },
-    )
+    Ok(match read(client, policy, user_id, key).await? {
+        Some(row) if !row.expired && row.hash != hash.as_bytes() => Begin::KeyReused,
+        Some(KeyRow {
+            response: Some(response),
+            expired: false,
+            ..
+        }) => Begin::Replay(response),
+        _ => Begin::InProgress,
+    })
 }
 
 /// Stores the answer as the last act of the work, if the claim still holds.

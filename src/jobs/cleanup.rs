@@ -72,13 +72,22 @@ impl Cleanup {
     pub async fn run_logged(&self) {
         let started = std::time::Instant::now();
         match self.run().await {
-            Ok(Outcome::Deleted(rows)) => tracing::info!(
-                rows,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "deleted expired idempotency keys"
-            ),
-            Ok(Outcome::Skipped) => tracing::debug!("key cleanup already running elsewhere"),
-            Err(error) => tracing::warn!(error = %anyhow::Error::from(error), "key cleanup failed"),
+            Ok(Outcome::Deleted(rows)) => {
+                crate::observe::cleanup_run("done", rows);
+                tracing::info!(
+                    rows,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "deleted expired idempotency keys"
+                )
+            }
+            Ok(Outcome::Skipped) => {
+                crate::observe::cleanup_run("skipped", 0);
+                tracing::debug!("key cleanup already running elsewhere")
+            }
+            Err(error) => {
+                crate::observe::cleanup_run("failed", 0);
+                tracing::warn!(error = %anyhow::Error::from(error), "key cleanup failed")
+            }
         }
     }
 }

@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use crate::checkout::orders;
 use crate::config::ReconcileSettings;
-use crate::payrail;
 use crate::problem::Problem;
+use crate::{observe, payrail};
 
 /// Orders claimed per run, and Payrail calls in flight at once.
 const BATCH: i64 = 100;
@@ -50,17 +50,17 @@ impl Reconcile {
     }
 
     pub async fn run(&self) -> Result<Report, Problem> {
-        let due = self.claim_due().await?;
+        let (due, pending) = self.claim_due().await?;
+        observe::orders_pending(pending);
         let results: Vec<bool> = futures_util::stream::iter(due)
             .map(|(order_id, attempts)| self.settle_one(order_id, attempts))
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
         let settled = results.iter().filter(|ok| **ok).count();
-        Ok(Report {
-            settled,
-            failed: results.len() - settled,
-        })
+        let failed = results.len() - settled;
+        observe::reconcile_run(settled, failed);
+        Ok(Report { settled, failed })
     }
 
     pub async fn run_logged(&self) {
@@ -77,7 +77,8 @@ impl Reconcile {
 
     /// Claims due orders: each is hidden from other runs until its next
     /// attempt time, which doubles with every attempt.
-    async fn claim_due(&self) -> Result<Vec<(Uuid, i32)>, Problem> {
+    /// Also counts the orders still pending, for the `orders_pending` gauge.
+    async fn claim_due(&self) -> Result<(Vec<(Uuid, i32)>, i64), Problem> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -107,9 +108,18 @@ impl Reconcile {
                 ],
             )
             .await?;
-        rows.iter()
+        let due = rows
+            .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect()
+            .collect::<Result<_, Problem>>()?;
+        let pending: i64 = client
+            .query_one(
+                "SELECT count(*) FROM orders WHERE status = 'payment_pending'",
+                &[],
+            )
+            .await?
+            .try_get(0)?;
+        Ok((due, pending))
     }
 
     async fn settle_one(&self, order_id: Uuid, attempts: i32) -> bool {

@@ -63,7 +63,12 @@ impl Breaker {
     }
 
     pub fn record_success(&self) {
-        *self.lock() = State::Closed { failures: 0 };
+        let mut state = self.lock();
+        if matches!(*state, State::Open { .. }) {
+            tracing::info!("payrail circuit breaker closed");
+            crate::observe::breaker_open(false);
+        }
+        *state = State::Closed { failures: 0 };
     }
 
     pub fn record_failure(&self) {
@@ -75,6 +80,7 @@ impl Breaker {
         *state = if failures >= self.failures_to_open {
             if !matches!(*state, State::Open { .. }) {
                 tracing::warn!(failures, "payrail circuit breaker opened");
+                crate::observe::breaker_open(true);
             }
             State::Open {
                 until: Instant::now() + self.open_for,

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::Breaker;
 use crate::config::PayrailSettings;
+use crate::observe;
 
 /// What Payrail is asked to charge. Serialized once per charge.
 #[derive(Debug, Clone, Serialize)]
@@ -101,6 +102,7 @@ impl Client {
         let mut timed_out = false;
         for attempt in 1..=self.max_attempts {
             if let Err(retry_after) = self.breaker.allow() {
+                observe::breaker_rejected();
                 return Err(PaymentError::Unavailable { retry_after });
             }
             match self.attempt(&key, &body).await {
@@ -134,6 +136,20 @@ impl Client {
     }
 
     async fn attempt(&self, key: &str, body: &[u8]) -> Attempt {
+        let started = std::time::Instant::now();
+        let attempt = self.send(key, body).await;
+        let outcome = match &attempt {
+            Attempt::Decided(ChargeOutcome::Succeeded { .. }) => "succeeded",
+            Attempt::Decided(ChargeOutcome::Declined { .. }) => "declined",
+            Attempt::Failed { timed_out: true } => "timeout",
+            Attempt::Failed { timed_out: false } => "error",
+            Attempt::Refused(_) => "refused",
+        };
+        observe::payrail_attempt(outcome, started.elapsed().as_secs_f64());
+        attempt
+    }
+
+    async fn send(&self, key: &str, body: &[u8]) -> Attempt {
         let sent = self
             .http
             .post(&self.charges_url)

@@ -11,7 +11,7 @@ use secrecy::SecretString;
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::checkout::seats;
-use stagedoor_checkout::config::Settings;
+use stagedoor_checkout::config::{LockMode, Settings};
 use stagedoor_checkout::payrail::sandbox::Sandbox;
 use stagedoor_checkout::startup::Application;
 use tokio_postgres::NoTls;
@@ -120,6 +120,10 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     settings.payrail.timeout_ms = 1_000;
     settings.payrail.breaker_failures = 1_000;
     settings.demo.seed = false;
+    // The idempotency suites run in both lock modes (SPEC §5.7).
+    if std::env::var("STAGEDOOR_TEST_LOCK").as_deref() == Ok("redis") {
+        settings.idempotency.lock = LockMode::Redis;
+    }
     // Background jobs stay out of the way unless a test asks for them.
     settings.reconcile.interval_secs = 3_600;
     settings.idempotency.cleanup_interval_secs = 3_600;

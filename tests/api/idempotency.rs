@@ -165,7 +165,7 @@ async fn a_conflict_answer_is_stored_and_replayed_too() {
 async fn keys_are_scoped_per_buyer() {
     let app = spawn_app().await;
     let seats = app.seed("show", 3, 2500).await;
-    let key = "shared-key-1";
+    let key = &new_key();
 
     let alices = Seen::of(app.post_hold("alice", seats[0], Some(key)).await).await;
     assert_eq!(alices.status, 201);
@@ -177,7 +177,7 @@ async fn keys_are_scoped_per_buyer() {
     assert!(!bobs.replayed);
 
     let bob_hold = app.hold("bob", seats[1]).await;
-    let order_key = "shared-key-2";
+    let order_key = &new_key();
     let alice_hold = app.hold("alice", seats[2]).await;
     assert_eq!(
         app.post_order("alice", order_key, &[alice_hold], "pm_card_visa")
@@ -200,13 +200,11 @@ async fn the_quoted_structured_field_form_is_the_same_key() {
     let app = spawn_app().await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
-    let first = Seen::of(
-        app.post_order("alice", "click-42", &[hold], "pm_card_visa")
-            .await,
-    )
-    .await;
+    let key = new_key();
+    let first = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    let quoted = format!("\"{key}\"");
     let quoted = Seen::of(
-        app.post_order("alice", "\"click-42\"", &[hold], "pm_card_visa")
+        app.post_order("alice", &quoted, &[hold], "pm_card_visa")
             .await,
     )
     .await;

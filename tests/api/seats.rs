@@ -47,6 +47,17 @@ async fn an_unknown_event_is_404() {
 }
 
 #[tokio::test]
+async fn an_event_id_no_database_can_hold_is_404_not_500() {
+    // A NUL byte in the path once reached PostgreSQL, which cannot store it: a 500.
+    let app = spawn_app().await;
+    for event in ["%00", "demo%00", "a%00b"] {
+        let seen = Seen::of(app.get_seats("alice", event).await).await;
+        assert_eq!(seen.status, 404, "{event}");
+        assert_eq!(seen.problem(), "not-found", "{event}");
+    }
+}
+
+#[tokio::test]
 async fn seeding_twice_adds_nothing() {
     let app = spawn_app().await;
     let first = app.seed("twice", 5, 1000).await;

@@ -1,0 +1,55 @@
+# Stagedoor checkout: one image with both binaries.
+#   docker build -t stagedoor-checkout .
+# ENTRYPOINT is the service (`serve` by default); the compose file runs
+# `payrail-sandbox` from the same image by overriding the entrypoint.
+#
+# Stages: chef (the toolchain + cargo-chef) -> planner (a recipe of the
+# dependencies) -> builder (dependencies first, in a layer that only changes
+# with Cargo.toml/Cargo.lock, then our code) -> runtime (slim, non-root).
+
+# The toolchain this project is built and tested with (rustc 1.95).
+FROM rust:1.95.0-slim-bookworm AS chef
+RUN cargo install cargo-chef --locked --version 0.1.78
+WORKDIR /app
+
+FROM chef AS planner
+COPY . .
+RUN cargo chef prepare --recipe-path recipe.json
+
+FROM chef AS builder
+COPY --from=planner /app/recipe.json recipe.json
+# Dependencies only: cached until Cargo.toml or Cargo.lock change.
+RUN cargo chef cook --release --locked --recipe-path recipe.json
+COPY . .
+RUN cargo build --release --locked --bin stagedoor-checkout --bin payrail-sandbox
+
+FROM debian:bookworm-slim AS runtime
+# curl is for the HEALTHCHECK and nothing else. Versions are left to the
+# bookworm security archive (pinned versions disappear from it), hence DL3008.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends curl \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin stagedoor
+WORKDIR /app
+COPY --from=builder /app/target/release/stagedoor-checkout /app/target/release/payrail-sandbox /usr/local/bin/
+# The service reads ./config (WORKDIR) or STAGEDOOR_CONFIG_DIR; production.toml
+# holds no secrets: they come from the environment (see README, Deploy).
+COPY config ./config
+ENV STAGEDOOR_ENV=production \
+    STAGEDOOR_CONFIG_DIR=/app/config
+# stagedoor, numeric so that an orchestrator's runAsNonRoot can verify it.
+USER 10001:10001
+# The service (server.port). payrail-sandbox, run from this image with
+# --host 0.0.0.0 --port 8081 (docker-compose.yml), listens on 8081.
+EXPOSE 8080
+# SIGTERM: stop accepting, drain in-flight requests, stop the jobs, exit 0.
+STOPSIGNAL SIGTERM
+# Liveness on /healthz (no database involved). Whoever moves server.port
+# overrides this too, as docker-compose.yml does for payrail-sandbox.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["curl", "-fsS", "-o", "/dev/null", "http://127.0.0.1:8080/healthz"]
+ENTRYPOINT ["stagedoor-checkout"]
+CMD ["serve"]

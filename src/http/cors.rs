@@ -1,0 +1,31 @@
+//! CORS for the buyer's browser (SPEC §8): only the origins in
+//! `http.cors_origins` may call the API from a page of their own, with the
+//! three request headers a checkout needs, and they may read the three
+//! response headers a retrying client acts on.
+//!
+//! Preflights are answered here, before routing and before authentication: a
+//! browser never sends a bearer token with an `OPTIONS` preflight. With no
+//! origins configured the middleware adds nothing at all, and an `OPTIONS`
+//! request reaches the routes like any other method.
+
+use actix_cors::Cors;
+use actix_web::http::Method;
+
+use super::idempotent::REPLAYED;
+
+/// How long a browser may cache a preflight answer (seconds).
+const PREFLIGHT_MAX_AGE_SECS: usize = 600;
+
+/// The CORS middleware for these origins (exact `scheme://host[:port]`).
+pub fn cors(origins: &[String]) -> Cors {
+    if origins.is_empty() {
+        return Cors::default().disable_preflight().disable_vary_header();
+    }
+    origins
+        .iter()
+        .fold(Cors::default(), |cors, origin| cors.allowed_origin(origin))
+        .allowed_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+        .allowed_headers(["Authorization", "Content-Type", "Idempotency-Key"])
+        .expose_headers(["Location", "Retry-After", REPLAYED])
+        .max_age(PREFLIGHT_MAX_AGE_SECS)
+}

@@ -1,0 +1,13 @@
+use actix_web::{web, HttpResponse};
+
+use super::AppState;
+use crate::observe;
+
+/// `GET /metrics`: Prometheus text format, no token (scrapers live inside
+/// the deployment's network).
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    observe::pool(state.pool.status());
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(observe::render())
+}

@@ -1,0 +1,82 @@
+//! The optional Redis gate in front of the key table (`idempotency.lock =
+//! redis`): `SET idem:{user_id}:{key} 1 NX EX <lease_secs>` lets one request
+//! at a time try to claim a key, so duplicates of a click in flight are
+//! turned away with a read instead of a write to PostgreSQL. The lock lives
+//! while its claim is in flight and is deleted when it ends. The table still decides and
+//! still stores every answer, so a lock that expires early can never cause a
+//! finished request to run again. If Redis is unreachable the gate opens and
+//! the table alone decides.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::IdempotencyKey;
+use crate::config::{IdempotencySettings, LockMode, RedisSettings};
+
+#[derive(Clone)]
+pub enum Gate {
+    /// The table alone (the default).
+    Table,
+    Redis(ConnectionManager),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("connecting to Redis (redis.url)")]
+pub struct GateError(#[from] redis::RedisError);
+
+impl Gate {
+    pub async fn connect(
+        idempotency: &IdempotencySettings,
+        redis: &RedisSettings,
+    ) -> Result<Self, GateError> {
+        match idempotency.lock {
+            LockMode::Table => Ok(Gate::Table),
+            LockMode::Redis => {
+                let client = redis::Client::open(secrecy::ExposeSecret::expose_secret(&redis.url))?;
+                Ok(Gate::Redis(ConnectionManager::new(client).await?))
+            }
+        }
+    }
+
+    /// True when this request may try to claim the key in the table; false
+    /// when another request holds the gate and this one should only read.
+    pub async fn enter(&self, user_id: &str, key: &IdempotencyKey, lease: Duration) -> bool {
+        let Gate::Redis(connection) = self else {
+            return true;
+        };
+        let set: Result<Option<String>, _> = redis::cmd("SET")
+            .arg(lock_name(user_id, key))
+            .arg(1)
+            .arg("NX")
+            .arg("EX")
+            .arg(lease.as_secs().max(1))
+            .query_async(&mut connection.clone())
+            .await;
+        match set {
+            Ok(reply) => reply.is_some(),
+            Err(error) => {
+                tracing::warn!(%error, "redis gate unavailable; the table decides alone");
+                true
+            }
+        }
+    }
+
+    /// Opens the gate once the claim behind it is over (answered, stored or
+    /// given back), so that retries need not wait for the lock to expire.
+    pub async fn leave(&self, user_id: &str, key: &IdempotencyKey) {
+        if let Gate::Redis(connection) = self {
+            let deleted: Result<i64, _> = redis::cmd("DEL")
+                .arg(lock_name(user_id, key))
+                .query_async(&mut connection.clone())
+                .await;
+            if let Err(error) = deleted {
+                tracing::warn!(%error, "could not open the redis gate");
+            }
+        }
+    }
+}
+
+fn lock_name(user_id: &str, key: &IdempotencyKey) -> String {
+    format!("idem:{user_id}:{key}")
+}

@@ -1,0 +1,329 @@
+// Drives the reference checkout page (/demo/) in headless Chromium against a
+// REAL running service and Payrail sandbox, and checks the promise from the
+// browser's side: the key is made at the click, a retry of the click reuses
+// it, a new click makes a new one, and the sandbox's ledger shows one charge
+// per click. scripts/browser-test.sh starts everything and sets:
+//
+//   STAGEDOOR_URL      the service, e.g. http://127.0.0.1:PORT
+//   PAYRAIL_URL        the sandbox the service charges through
+//   STAGEDOOR_TOKEN    a bearer token for the buyer
+//   PAYRAIL_TIMEOUT_MS the service's payrail.timeout_ms
+//   CORS_ORIGIN        an origin the service allows (optional: the CORS test)
+//   CHROMIUM           the browser (default: `command -v chromium`)
+//   SCREENSHOT         where the screenshot goes (default /tmp/stagedoor-demo.png)
+//
+// Prints `browser: N passed, M failed` last; exits non-zero on any failure.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { execFileSync } from 'node:child_process';
+import { chromium } from 'playwright-core';
+
+const env = (name, fallback) => {
+  const value = process.env[name] ?? fallback;
+  if (value === undefined || value === '') throw new Error(`${name} must be set`);
+  return value;
+};
+const BASE = env('STAGEDOOR_URL').replace(/\/$/, '');
+const SANDBOX = env('PAYRAIL_URL').replace(/\/$/, '');
+const TOKEN = env('STAGEDOOR_TOKEN');
+const PAYRAIL_TIMEOUT_MS = Number(env('PAYRAIL_TIMEOUT_MS', '3000'));
+const CORS_ORIGIN = process.env.CORS_ORIGIN || '';
+const SCREENSHOT = env('SCREENSHOT', '/tmp/stagedoor-demo.png');
+const CHROMIUM = process.env.CHROMIUM || execFileSync('sh', ['-c', 'command -v chromium'], { encoding: 'utf8' }).trim();
+
+// As the machine's notes say: without the background-networking flags
+// Chromium keeps trying hosts this closed network refuses.
+const CHROMIUM_ARGS = [
+  '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync',
+  '--no-first-run',
+];
+
+// ------------------------------------------------------------------ harness
+
+const results = [];
+let stopped = false;
+
+/** A step: later steps build on earlier ones, so the first failure stops the run. */
+async function step(name, body) {
+  if (stopped) {
+    results.push({ name, outcome: 'skipped' });
+    console.log(`skip  ${name}`);
+    return;
+  }
+  const started = Date.now();
+  try {
+    await body();
+    results.push({ name, outcome: 'passed' });
+    console.log(`ok    ${name} (${Date.now() - started} ms)`);
+  } catch (error) {
+    results.push({ name, outcome: 'failed' });
+    stopped = true;
+    console.log(`FAIL  ${name} (${Date.now() - started} ms)\n      ${String(error && error.stack || error).replace(/\n/g, '\n      ')}`);
+  }
+}
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function sandbox(method, path, body) {
+  const response = await fetch(`${SANDBOX}${path}`, {
+    method,
+    headers: body ? { 'Content-Type': 'application/json' } : {},
+    body: body ? JSON.stringify(body) : undefined,
+    signal: AbortSignal.timeout(10_000),
+  });
+  check(response.ok, `${method} ${path}: sandbox answered ${response.status}`);
+  return response.json();
+}
+
+async function service(path) {
+  const response = await fetch(`${BASE}${path}`, {
+    headers: { Authorization: `Bearer ${TOKEN}` },
+    signal: AbortSignal.timeout(10_000),
+  });
+  return { status: response.status, json: await response.json() };
+}
+
+// ------------------------------------------------------------------ page helpers
+
+const seat = (page, id) => page.locator(`[data-testid="seat-${id}"]`);
+const outcome = (page) => page.getByTestId('outcome');
+
+/** Every attempt the page logged, as data. */
+const logEntries = (page) =>
+  page.$$eval('[data-testid="log-entry"]', (items) =>
+    items.map((li) => ({
+      action: li.dataset.action,
+      click: Number(li.dataset.click),
+      attempt: Number(li.dataset.attempt),
+      key: li.dataset.key,
+      status: li.dataset.status,
+      replayed: li.dataset.replayed === 'true',
+      text: li.textContent,
+    })));
+
+/** The attempts of the latest pay click. */
+async function lastPayClick(page) {
+  const pays = (await logEntries(page)).filter((e) => e.action === 'pay');
+  check(pays.length > 0, 'the log shows no pay attempt');
+  const click = pays[pays.length - 1].click;
+  return pays.filter((e) => e.click === click);
+}
+
+/** Holds the first available seat (other than `except`) and returns its id. */
+async function holdAnAvailableSeat(page, except = []) {
+  const ids = await page.$$eval('[data-testid^="seat-"][data-status="available"]',
+    (buttons) => buttons.map((b) => b.dataset.seatId));
+  const id = ids.find((i) => !except.includes(i));
+  check(id, 'no available seat left to hold');
+  await seat(page, id).click();
+  await page.waitForSelector(`[data-testid="seat-${id}"][data-status="held"][data-mine="true"]`, { timeout: 15_000 });
+  return id;
+}
+
+async function waitForOutcome(page, kinds, timeout) {
+  const selector = kinds.map((k) => `[data-testid="outcome"][data-outcome="${k}"]`).join(', ');
+  await page.waitForSelector(selector, { timeout });
+  return outcome(page).getAttribute('data-outcome');
+}
+
+const describeLog = (entries) => entries.map((e) => `      ${e.text}`).join('\n');
+
+// ------------------------------------------------------------------ the run
+
+const profile = mkdtempSync(join(tmpdir(), 'stagedoor-chromium-'));
+let context;
+const consoleErrors = [];
+const watchdog = setTimeout(() => {
+  console.log('FAIL  the whole run took longer than 180 s');
+  const passedSoFar = results.filter((r) => r.outcome === 'passed').length;
+  console.log(`browser: ${passedSoFar} passed, ${results.length - passedSoFar + 1} failed`);
+  process.exit(1);
+}, 180_000);
+
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: CHROMIUM_ARGS,
+    viewport: { width: 1280, height: 1000 },
+  });
+  const page = context.pages()[0] ?? await context.newPage();
+  page.on('console', (message) => {
+    // Chromium reports every 4xx/5xx fetch as a console error; the page
+    // expects those (409, 402): only the page's own errors count.
+    if (message.type() === 'error' && !message.text().startsWith('Failed to load resource')) {
+      consoleErrors.push(message.text());
+    }
+  });
+  page.on('pageerror', (error) => consoleErrors.push(String(error)));
+
+  let paidKey;
+  let paidSeat;
+  let declinedKey;
+
+  await step('the page opens with the token from the address and shows the seat map', async () => {
+    const response = await page.goto(`${BASE}/demo/?token=${encodeURIComponent(TOKEN)}`);
+    check(response && response.status() === 200, `GET /demo/ answered ${response && response.status()}`);
+    check((response.headers()['content-type'] || '').startsWith('text/html'), 'the page is not text/html');
+    await page.waitForSelector('[data-testid^="seat-"][data-status="available"]', { timeout: 15_000 });
+    const seats = await page.locator('[data-testid^="seat-"][data-seat-id]').count();
+    check(seats === 200, `the demo event shows ${seats} seats, not 200`);
+    check(!page.url().includes('token='), `the token stays in the address bar: ${page.url()}`);
+    check(await page.getByTestId('token').inputValue() === TOKEN, 'the token field was not filled in');
+    check(await page.getByTestId('pay').isDisabled(), 'Pay is enabled with nothing held');
+  });
+
+  await step('clicking an available seat holds it (POST /holds with a key of its own)', async () => {
+    paidSeat = await holdAnAvailableSeat(page);
+    check(await page.getByTestId('basket-item').count() === 1, 'the basket does not show the hold');
+    const holds = (await logEntries(page)).filter((e) => e.action === 'hold');
+    check(holds.length === 1 && holds[0].status === '201', `hold attempts: ${JSON.stringify(holds)}`);
+    check(/^[0-9a-f-]{36}$/.test(holds[0].key), `the hold key is not a UUID: ${holds[0].key}`);
+  });
+
+  await step('a pay click whose first attempt times out in the browser is retried with the same key and charged once', async () => {
+    const clientTimeoutMs = Number(await page.getByTestId('client-timeout').inputValue()) * 1000;
+    // Longer than the page waits, shorter than the service waits for Payrail:
+    // the service finishes the charge while the page has given up on attempt 1.
+    const latencyMs = clientTimeoutMs + 1500;
+    check(latencyMs < PAYRAIL_TIMEOUT_MS - 1000,
+      `payrail.timeout_ms (${PAYRAIL_TIMEOUT_MS}) must exceed the fault latency (${latencyMs}) by 1 s`);
+    check((await sandbox('GET', '/v1/sandbox/charges')).length === 0, 'the ledger is not empty at the start');
+
+    await sandbox('POST', '/v1/sandbox/faults', { latency_ms: latencyMs });
+    await page.getByTestId('payment-method').selectOption('pm_card_visa');
+    await page.getByTestId('pay').click();
+    await page.waitForSelector('[data-testid="log-entry"][data-action="pay"][data-status="timeout"]',
+      { timeout: clientTimeoutMs + 5_000 });
+    await sandbox('POST', '/v1/sandbox/faults', { latency_ms: 0 });
+
+    check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 30_000) === 'paid',
+      `the outcome is not paid: ${await outcome(page).textContent()}`);
+    const attempts = await lastPayClick(page);
+    const keys = new Set(attempts.map((e) => e.key));
+    check(keys.size === 1, `the attempts of one click used ${keys.size} keys:\n${describeLog(attempts)}`);
+    [paidKey] = keys;
+    check(/^[0-9a-f-]{36}$/.test(paidKey), `the key is not a UUID: ${paidKey}`);
+    check(attempts[0].status === 'timeout', `attempt 1 did not time out:\n${describeLog(attempts)}`);
+    check(attempts.some((e) => e.status === '409' || e.replayed),
+      `no 409 request-in-progress and no replay among the retries:\n${describeLog(attempts)}`);
+    const last = attempts[attempts.length - 1];
+    check(last.status === '201' && last.replayed,
+      `the answer is not a replayed 201 (the first answer went to an abandoned attempt):\n${describeLog(attempts)}`);
+
+    const charges = await sandbox('GET', '/v1/sandbox/charges');
+    check(charges.length === 1, `the sandbox holds ${charges.length} charges, not 1: ${JSON.stringify(charges)}`);
+    check(charges[0].status === 'succeeded', `the charge is ${charges[0].status}`);
+    const orderId = await outcome(page).getAttribute('data-order-id');
+    check(charges[0].reference === orderId, `the charge is for ${charges[0].reference}, the page shows order ${orderId}`);
+    const order = await service(`/orders/${orderId}`);
+    check(order.status === 200 && order.json.status === 'paid', `GET /orders/${orderId}: ${JSON.stringify(order)}`);
+    console.log(`      ${attempts.length} attempts, one key ${paidKey}:\n${describeLog(attempts)}`);
+  });
+
+  await step('the paid seat shows as sold and leaves the basket', async () => {
+    await page.waitForSelector(`[data-testid="seat-${paidSeat}"][data-status="sold"]`, { timeout: 10_000 });
+    check(await page.getByTestId('basket-item').count() === 0, 'the basket still shows the paid hold');
+  });
+
+  await step('a new click on another seat with pm_card_declined shows the decline, under a new key', async () => {
+    await holdAnAvailableSeat(page, [paidSeat]);
+    await page.getByTestId('payment-method').selectOption('pm_card_declined');
+    await page.getByTestId('pay').click();
+    check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 20_000) === 'declined',
+      `the outcome is not declined: ${await outcome(page).textContent()}`);
+    check(/declined/i.test(await outcome(page).textContent()), 'the outcome does not say declined');
+    const attempts = await lastPayClick(page);
+    declinedKey = attempts[0].key;
+    check(attempts.every((e) => e.key === declinedKey), `one click, several keys:\n${describeLog(attempts)}`);
+    check(declinedKey !== paidKey, 'the new click reused the previous click\'s key');
+    check(attempts[attempts.length - 1].status === '402', `the answer is not 402:\n${describeLog(attempts)}`);
+    const charges = await sandbox('GET', '/v1/sandbox/charges');
+    check(charges.filter((c) => c.status === 'succeeded').length === 1, `succeeded charges: ${JSON.stringify(charges)}`);
+    check(charges.filter((c) => c.status === 'declined').length === 1, `declined charges: ${JSON.stringify(charges)}`);
+    check(await page.getByTestId('basket-item').count() === 1, 'a declined order did not give its hold back');
+    // The page mid-checkout: a seat held by this buyer, the decline shown.
+    await page.screenshot({ path: SCREENSHOT.replace(/(\.png)?$/, '-declined.png') });
+  });
+
+  await step('pressing Pay again after the decline is another click: a third key, paid', async () => {
+    await page.getByTestId('payment-method').selectOption('pm_card_visa');
+    await page.getByTestId('pay').click();
+    check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 20_000) === 'paid',
+      `the outcome is not paid: ${await outcome(page).textContent()}`);
+    const attempts = await lastPayClick(page);
+    const key = attempts[0].key;
+    check(attempts.every((e) => e.key === key), `one click, several keys:\n${describeLog(attempts)}`);
+    check(key !== paidKey && key !== declinedKey, 'the third click reused an earlier key');
+    const pays = (await logEntries(page)).filter((e) => e.action === 'pay');
+    const keysPerClick = new Map();
+    for (const e of pays) keysPerClick.set(e.click, new Set([...(keysPerClick.get(e.click) ?? []), e.key]));
+    check([...keysPerClick.values()].every((keys) => keys.size === 1), 'some click used more than one key');
+    check(new Set(pays.map((e) => e.key)).size === keysPerClick.size, 'two clicks shared a key');
+    const charges = await sandbox('GET', '/v1/sandbox/charges');
+    check(charges.filter((c) => c.status === 'succeeded').length === 2, `succeeded charges: ${JSON.stringify(charges)}`);
+  });
+
+  await step('the page looks right (screenshot) and logged no script errors', async () => {
+    await page.screenshot({ path: SCREENSHOT, fullPage: true });
+    console.log(`      screenshot: ${SCREENSHOT}`);
+    check(consoleErrors.length === 0, `console errors: ${consoleErrors.join(' | ')}`);
+  });
+
+  if (CORS_ORIGIN) {
+    await step(`a page on the allowed origin ${CORS_ORIGIN} calls the API cross-origin and reads the exposed headers`, async () => {
+      // Any same-origin document will do as the caller; /healthz has no CSP.
+      const caller = await context.newPage();
+      await caller.goto(`${CORS_ORIGIN}/healthz`);
+      const seen = await caller.evaluate(async ({ base, token }) => {
+        const auth = { Authorization: `Bearer ${token}` };
+        const map = await (await fetch(`${base}/events/demo/seats`, { headers: auth })).json();
+        const free = map.seats.filter((s) => s.status === 'available').pop();
+        const key = crypto.randomUUID();
+        const post = () => fetch(`${base}/holds`, {
+          method: 'POST',
+          headers: { ...auth, 'Content-Type': 'application/json', 'Idempotency-Key': key },
+          body: JSON.stringify({ seat_id: free.seat_id }),
+        });
+        const first = await post();
+        const again = await post();
+        return { first: first.status, again: again.status, replayed: again.headers.get('Idempotent-Replayed') };
+      }, { base: BASE, token: TOKEN });
+      check(seen.first === 201 && seen.again === 201, `cross-origin POST /holds: ${JSON.stringify(seen)}`);
+      check(seen.replayed === 'true', `Idempotent-Replayed is not readable cross-origin: ${JSON.stringify(seen)}`);
+      await caller.close();
+    });
+
+    await step('a page on another origin (the sandbox) is refused by CORS', async () => {
+      const caller = await context.newPage();
+      await caller.goto(`${SANDBOX}/v1/sandbox/faults`);
+      const error = await caller.evaluate(async ({ base, token }) => {
+        try {
+          await fetch(`${base}/events/demo/seats`, { headers: { Authorization: `Bearer ${token}` } });
+          return null;
+        } catch (e) {
+          return String(e);
+        }
+      }, { base: BASE, token: TOKEN });
+      check(error !== null, 'the browser let another origin read the API');
+      await caller.close();
+    });
+  }
+} catch (error) {
+  results.push({ name: 'the browser run', outcome: 'failed' });
+  console.log(`FAIL  the browser run: ${error && error.stack || error}`);
+} finally {
+  clearTimeout(watchdog);
+  if (context) await context.close().catch(() => {});
+  rmSync(profile, { recursive: true, force: true });
+}
+
+const count = (outcome) => results.filter((r) => r.outcome === outcome).length;
+const [passed, failed, skipped] = [count('passed'), count('failed'), count('skipped')];
+console.log(`browser: ${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ''}`);
+process.exit(failed === 0 ? 0 : 1);
