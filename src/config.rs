@@ -186,6 +186,17 @@ impl Settings {
         {
             return invalid("payrail.base_url", "must start with http:// or https://");
         }
+        for origin in &self.http.cors_origins {
+            let host = origin
+                .strip_prefix("https://")
+                .or_else(|| origin.strip_prefix("http://"));
+            if !host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '*', ' '])) {
+                return invalid(
+                    "http.cors_origins",
+                    &format!("`{origin}` is not an origin like https://shop.example[:port]"),
+                );
+            }
+        }
         let at_least_one: [(&'static str, u64); 10] = [
             ("database.pool_size", self.database.pool_size as u64),
             ("payrail.timeout_ms", self.payrail.timeout_ms),
@@ -269,6 +280,21 @@ mod tests {
     fn production_refuses_to_start_without_a_secret() {
         let err = Settings::load_from(&config_dir(), "production").unwrap_err();
         assert!(err.to_string().contains("auth.jwt_secret"), "{err}");
+    }
+
+    #[test]
+    fn cors_origins_must_be_exact_origins() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        for bad in ["*", "shop.example", "https://shop.example/", "https://"] {
+            settings.http.cors_origins = vec![bad.to_owned()];
+            let err = settings.validate().unwrap_err();
+            assert!(
+                err.to_string().contains("http.cors_origins"),
+                "{bad}: {err}"
+            );
+        }
+        settings.http.cors_origins = vec!["http://localhost:3000".into()];
+        assert!(settings.validate().is_ok());
     }
 
     #[test]

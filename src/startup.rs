@@ -82,6 +82,7 @@ impl Application {
         let mut server = HttpServer::new(move || {
             App::new()
                 .wrap(http::cors::cors(&cors_origins))
+                .wrap(http::bare_refusals_as_problems())
                 .wrap(from_fn(telemetry::log_request))
                 .app_data(state.clone())
                 .configure(http::routes)

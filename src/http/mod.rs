@@ -16,7 +16,12 @@ mod seats;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::body::MessageBody;
+use actix_web::dev::ServiceResponse;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
+use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, ResponseError};
 use deadpool_postgres::Pool;
 
 use crate::auth::Tokens;
@@ -38,28 +43,72 @@ pub struct AppState {
     pub max_body_bytes: usize,
 }
 
-/// Every route of the API, each path with a 405 for the methods it lacks.
+/// Every route: one method per path, and a 405 with `Allow` for the others.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/healthz").route(web::get().to(health::healthz)))
-        .service(resource("/readyz").route(web::get().to(health::readyz)))
-        .service(resource("/metrics").route(web::get().to(metrics::metrics)))
-        .service(resource("/openapi.json").route(web::get().to(openapi::openapi_json)))
-        .service(resource("/events/{event_id}/seats").route(web::get().to(seats::seat_map)))
-        .service(resource("/holds").route(web::post().to(holds::create)))
-        .service(resource("/holds/{hold_id}").route(web::delete().to(holds::release)))
-        .service(resource("/orders").route(web::post().to(orders::create)))
-        .service(resource("/orders/{order_id}").route(web::get().to(orders::show)))
-        .service(resource("/demo/").route(web::get().to(demo::page)))
-        .service(resource("/demo").route(web::get().to(demo::redirect)));
+    cfg.service(endpoint("/healthz", Method::GET, health::healthz))
+        .service(endpoint("/readyz", Method::GET, health::readyz))
+        .service(endpoint("/metrics", Method::GET, metrics::metrics))
+        .service(endpoint(
+            "/openapi.json",
+            Method::GET,
+            openapi::openapi_json,
+        ))
+        .service(endpoint(
+            "/events/{event_id}/seats",
+            Method::GET,
+            seats::seat_map,
+        ))
+        .service(endpoint("/holds", Method::POST, holds::create))
+        .service(endpoint("/holds/{hold_id}", Method::DELETE, holds::release))
+        .service(endpoint("/orders", Method::POST, orders::create))
+        .service(endpoint("/orders/{order_id}", Method::GET, orders::show))
+        .service(endpoint("/demo/", Method::GET, demo::page))
+        .service(endpoint("/demo", Method::GET, demo::redirect));
 }
 
-/// A resource whose unknown methods answer 405 instead of actix's 404.
-pub fn resource(path: &str) -> actix_web::Resource {
-    web::resource(path).default_service(web::to(method_not_allowed))
+/// A path served by one method; the others answer 405 `method-not-allowed`
+/// with the `Allow` header (actix alone would answer 404).
+fn endpoint<F, Args>(path: &str, method: Method, handler: F) -> actix_web::Resource
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    let allow = HeaderValue::from_str(method.as_str()).unwrap_or(HeaderValue::from_static("GET"));
+    web::resource(path)
+        .route(web::method(method).to(handler))
+        .default_service(web::to(move || {
+            let allow = allow.clone();
+            async move {
+                let mut response = Problem::MethodNotAllowed.error_response();
+                response.headers_mut().insert(header::ALLOW, allow);
+                response
+            }
+        }))
 }
 
-async fn method_not_allowed() -> Result<HttpResponse, Problem> {
-    Err(Problem::MethodNotAllowed)
+/// Refusals raised outside the handlers (a CORS preflight from an origin
+/// that is not allowed) come as plain text; this turns them into problems,
+/// so that every error a client sees is RFC 9457.
+pub fn bare_refusals_as_problems<B: MessageBody + 'static>() -> ErrorHandlers<B> {
+    ErrorHandlers::new().handler(StatusCode::BAD_REQUEST, |res: ServiceResponse<B>| {
+        let is_problem = res
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes() == crate::problem::CONTENT_TYPE.as_bytes());
+        if is_problem {
+            return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
+        }
+        let detail = res
+            .response()
+            .error()
+            .map_or_else(|| "the request was refused".to_owned(), ToString::to_string);
+        let (req, _) = res.into_parts();
+        let problem = Problem::InvalidRequest(detail).error_response();
+        Ok(ErrorHandlerResponse::Response(
+            ServiceResponse::new(req, problem).map_into_right_body(),
+        ))
+    })
 }
 
 /// The answer for paths that do not exist.

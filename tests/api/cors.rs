@@ -122,6 +122,12 @@ async fn another_origin_gets_no_cors_allow_header() {
         header(response.headers(), "access-control-allow-origin"),
         None
     );
+    // The refusal is a problem like every other error.
+    let seen = crate::helpers::Seen::of(response).await;
+    assert_eq!(
+        (seen.status, seen.problem().as_str()),
+        (400, "invalid-request")
+    );
 
     // A simple request is still answered (CORS is the browser's guard, not
     // authentication), but the browser gets nothing that lets the page read it.

@@ -20,17 +20,19 @@ async fn an_unknown_path_is_a_404_problem() {
 #[tokio::test]
 async fn a_wrong_method_on_a_known_path_is_a_405_problem() {
     let app = spawn_app().await;
-    for (method, path) in [
-        (reqwest::Method::GET, "/holds"),
-        (reqwest::Method::PUT, "/orders"),
-        (reqwest::Method::POST, "/healthz"),
-        (reqwest::Method::DELETE, "/events/demo/seats"),
+    for (method, path, allow) in [
+        (reqwest::Method::GET, "/holds", "POST"),
+        (reqwest::Method::PUT, "/orders", "POST"),
+        (reqwest::Method::POST, "/healthz", "GET"),
+        (reqwest::Method::DELETE, "/events/demo/seats", "GET"),
+        (reqwest::Method::POST, "/holds/1", "DELETE"),
     ] {
         let response = app
             .as_buyer(app.http.request(method.clone(), app.url(path)), "alice")
             .send()
             .await
             .unwrap();
+        assert_eq!(response.headers()["allow"], allow, "{method} {path}");
         let seen = Seen::of(response).await;
         assert_eq!(seen.status, 405, "{method} {path}");
         assert_eq!(seen.problem(), "method-not-allowed");
