@@ -4,7 +4,7 @@ use actix_web::{web, HttpResponse};
 use serde::Serialize;
 
 use super::AppState;
-use crate::problem::{Problem, ProblemDetails};
+use crate::problem::Problem;
 
 /// The body of `/healthz` and `/readyz`.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -34,11 +34,7 @@ pub async fn healthz() -> HttpResponse {
     summary = "Readiness",
     responses(
         (status = 200, description = "The database answers", body = Health),
-        (status = 500, description = "`internal`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`service-unavailable`: the database is out of reach",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        super::openapi::ServerFailures,
     )
 )]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {

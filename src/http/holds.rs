@@ -30,6 +30,7 @@ struct HoldRequest {
     request_body = HoldRequest,
     security(("bearer" = [])),
     responses(
+        super::openapi::Unauthenticated,
         (status = 201, description = "Held", body = Hold,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
             links(
@@ -44,8 +45,6 @@ struct HoldRequest {
         (status = 400, description = "`idempotency-key-invalid` or `invalid-request` \
             (not JSON, or not this shape); nothing is stored",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
-            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
         (status = 404, description = "`not-found`: there is no such seat", body = ProblemDetails,
             content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
@@ -60,11 +59,7 @@ struct HoldRequest {
             content_type = "application/problem+json"),
         (status = 422, description = "`idempotency-key-reused`: the key was sent with another request",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 500, description = "`internal`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`service-unavailable`: the database is out of reach",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        super::openapi::ServerFailures,
     )
 )]
 pub async fn create(
@@ -102,16 +97,11 @@ pub async fn create(
     params(("hold_id" = i64, Path, description = "The hold's id")),
     security(("bearer" = [])),
     responses(
+        super::openapi::Unauthenticated,
         (status = 204, description = "Released"),
-        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
-            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
         (status = 404, description = "`not-found`: unknown, another buyer's, or in an order",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 500, description = "`internal`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`service-unavailable`: the database is out of reach",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        super::openapi::ServerFailures,
     )
 )]
 pub async fn release(
@@ -119,14 +109,12 @@ pub async fn release(
     buyer: Buyer,
     hold_id: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
-    let not_found = Problem::NotFound("there is no such hold of yours that can be released");
-    let hold_id: i64 = hold_id
-        .parse()
-        .map_err(|_| Problem::NotFound("there is no such hold"))?;
+    let not_found = || Problem::NotFound("there is no such hold of yours that can be released");
+    let hold_id: i64 = hold_id.parse().map_err(|_| not_found())?;
     let client = state.pool.get().await?;
     if holds::release(&client, buyer.0.as_str(), hold_id).await? {
         Ok(HttpResponse::NoContent().finish())
     } else {
-        Err(not_found)
+        Err(not_found())
     }
 }

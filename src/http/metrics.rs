@@ -5,6 +5,14 @@ use crate::observe;
 
 /// `GET /metrics`: Prometheus text format, no token (scrapers live inside
 /// the deployment's network).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    responses((status = 200, description = "Prometheus text exposition format",
+        body = String, content_type = "text/plain"))
+)]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     observe::pool(state.pool.status());
     HttpResponse::Ok()

@@ -8,8 +8,8 @@ mod demo;
 mod health;
 mod holds;
 mod idempotent;
-mod metrics;
-mod openapi;
+pub mod metrics;
+pub mod openapi;
 mod orders;
 mod seats;
 

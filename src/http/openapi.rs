@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use actix_web::http::header::ContentType;
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::{IntoResponses, Modify, OpenApi};
 
 use crate::problem::ProblemDetails;
 
@@ -33,7 +33,7 @@ const BEARER: &str = "bearer";
         super::orders::show,
         super::health::healthz,
         super::health::readyz,
-        metrics,
+        super::metrics::metrics,
         openapi_json,
     ),
     components(schemas(ProblemDetails)),
@@ -46,6 +46,34 @@ const BEARER: &str = "bearer";
     )
 )]
 pub struct ApiDoc;
+
+/// 401, answered by every endpoint that needs a bearer token.
+#[derive(IntoResponses)]
+#[response(
+    status = 401,
+    description = "`unauthorized`: no valid bearer token",
+    content_type = "application/problem+json",
+    headers(("WWW-Authenticate" = String))
+)]
+pub struct Unauthenticated(pub ProblemDetails);
+
+/// 500 and 503, answered by every endpoint that reads the database.
+#[derive(IntoResponses)]
+pub enum ServerFailures {
+    #[response(
+        status = 500,
+        description = "`internal`",
+        content_type = "application/problem+json"
+    )]
+    Internal(ProblemDetails),
+    #[response(
+        status = 503,
+        description = "`service-unavailable`: the database is out of reach",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u32, description = "Seconds to wait"))
+    )]
+    Unavailable(ProblemDetails),
+}
 
 /// Declares the HS256 bearer token (SPEC §3) that the handlers require.
 struct BearerAuth;
@@ -84,16 +112,3 @@ pub async fn openapi_json() -> HttpResponse {
         .insert_header(ContentType::json())
         .body(document.as_str())
 }
-
-/// `GET /metrics` is served by `super::metrics::metrics`; it is described
-/// here so that the metrics module stays free of documentation concerns.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "operations",
-    summary = "Prometheus metrics",
-    responses((status = 200, description = "Prometheus text exposition format",
-        body = String, content_type = "text/plain"))
-)]
-#[allow(dead_code)]
-fn metrics() {}

@@ -25,6 +25,7 @@ use crate::problem::{Problem, ProblemDetails};
     request_body = OrderRequest,
     security(("bearer" = [])),
     responses(
+        super::openapi::Unauthenticated,
         (status = 201, description = "Charged: the order", body = Order,
             headers(
                 ("Location" = String, description = "`/orders/{order_id}`"),
@@ -35,8 +36,6 @@ use crate::problem::{Problem, ProblemDetails};
         (status = 400, description = "`idempotency-key-missing`, `idempotency-key-invalid` or \
             `invalid-request` (not JSON, or not this shape); nothing is stored",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
-            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
         (status = 402, description = "`payment-declined`, with the declined order's `order_id`; \
             the holds stay the buyer's for another click with a new key",
             body = ProblemDetails, content_type = "application/problem+json",
@@ -93,16 +92,11 @@ pub async fn create(
     params(("order_id" = uuid::Uuid, Path, description = "The order's id")),
     security(("bearer" = [])),
     responses(
+        super::openapi::Unauthenticated,
         (status = 200, description = "The order", body = Order),
-        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
-            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
         (status = 404, description = "`not-found`: no such order of this buyer's",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 500, description = "`internal`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`service-unavailable`: the database is out of reach",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        super::openapi::ServerFailures,
     )
 )]
 pub async fn show(

@@ -14,16 +14,11 @@ use crate::problem::{Problem, ProblemDetails};
     params(("event_id" = String, Path, description = "The event's id", example = "demo")),
     security(("bearer" = [])),
     responses(
+        super::openapi::Unauthenticated,
         (status = 200, description = "Every seat of the event and its status", body = SeatMap),
-        (status = 401, description = "`unauthorized`: no valid bearer token", body = ProblemDetails,
-            content_type = "application/problem+json", headers(("WWW-Authenticate" = String))),
         (status = 404, description = "`not-found`: there is no such event", body = ProblemDetails,
             content_type = "application/problem+json"),
-        (status = 500, description = "`internal`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`service-unavailable`: the database is out of reach",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        super::openapi::ServerFailures,
     )
 )]
 pub async fn seat_map(

@@ -177,29 +177,18 @@ pub async fn complete(
     claim: &Claim,
     response: &StoredResponse,
 ) -> Result<bool, DbError> {
-    let statement = client
-        .prepare_cached(
-            "UPDATE idempotency_keys
-             SET response_status = $4, response_body = $5, response_location = $6,
-                 response_content_type = $7
-             WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL",
-        )
-        .await?;
-    let stored = client
-        .execute(
-            &statement,
-            &[
-                &claim.user_id,
-                &claim.key.as_str(),
-                &claim.token,
-                &(response.status as i16),
-                &response.body,
-                &response.location,
-                &response.content_type,
-            ],
-        )
-        .await?;
-    Ok(stored == 1)
+    store_response(
+        client,
+        "UPDATE idempotency_keys
+         SET response_status = $4, response_body = $5, response_location = $6,
+             response_content_type = $7
+         WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL",
+        &claim.user_id,
+        claim.key.as_str(),
+        claim.token,
+        response,
+    )
+    .await
 }
 
 /// Stores the outcome that reconciliation found for an order on the key that
@@ -211,21 +200,38 @@ pub async fn complete_for_order(
     order_id: Uuid,
     response: &StoredResponse,
 ) -> Result<bool, DbError> {
-    let statement = client
-        .prepare_cached(
-            "UPDATE idempotency_keys
-             SET response_status = $4, response_body = $5, response_location = $6,
-                 response_content_type = $7
-             WHERE user_id = $1 AND key = $2 AND order_id = $3 AND response_status IS NULL",
-        )
-        .await?;
+    store_response(
+        client,
+        "UPDATE idempotency_keys
+         SET response_status = $4, response_body = $5, response_location = $6,
+             response_content_type = $7
+         WHERE user_id = $1 AND key = $2 AND order_id = $3 AND response_status IS NULL",
+        user_id,
+        key,
+        order_id,
+        response,
+    )
+    .await
+}
+
+/// Runs one of the two conditional stores above; `fence` is the claim
+/// token or the order id its condition names.
+async fn store_response(
+    client: &impl GenericClient,
+    sql: &str,
+    user_id: &str,
+    key: &str,
+    fence: Uuid,
+    response: &StoredResponse,
+) -> Result<bool, DbError> {
+    let statement = client.prepare_cached(sql).await?;
     let stored = client
         .execute(
             &statement,
             &[
                 &user_id,
                 &key,
-                &order_id,
+                &fence,
                 &(response.status as i16),
                 &response.body,
                 &response.location,
