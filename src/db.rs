@@ -34,10 +34,22 @@ impl DbError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             DbError::Pool(_) => true,
-            DbError::Postgres(e) => e.is_closed() || e.code().is_none(),
+            DbError::Postgres(e) => {
+                e.is_closed()
+                    || e.code()
+                        .is_none_or(|code| is_unavailable_state(code.code()))
+            }
             _ => false,
         }
     }
+}
+
+/// SQLSTATEs that mean "the server is going away or not there yet", not "the
+/// query is wrong": class 08 (connection exception), 57P01-57P03 (a
+/// restart's `terminating connection due to administrator command`, a crash,
+/// `the database system is starting up`) and 53300 (too many connections).
+fn is_unavailable_state(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
 }
 
 pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
@@ -117,4 +129,19 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
         tracing::info!(applied, "applied migrations");
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_unavailable_state;
+
+    #[test]
+    fn a_server_going_away_is_unavailable_and_a_bad_query_is_not() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08001", "53300"] {
+            assert!(is_unavailable_state(code), "{code}");
+        }
+        for code in ["23505", "42P01", "40001", "22P02"] {
+            assert!(!is_unavailable_state(code), "{code}");
+        }
+    }
 }

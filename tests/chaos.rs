@@ -1,0 +1,514 @@
+//! The chaos run ("Prove it"): real `stagedoor-checkout serve` processes on
+//! a throwaway PostgreSQL and a real `payrail-sandbox`, a crowd of buyers
+//! clicking and retrying, while Payrail slows down, fails and drops answers,
+//! instances are SIGKILLed and restarted, and PostgreSQL restarts once. At the
+//! end every click is retried with its own key until it has an answer, then
+//! the database and Payrail's ledger are checked against SPEC §9 and against
+//! every answer the buyers saw.
+//!
+//! ```sh
+//! CHAOS_SECS=300 cargo test --release --test chaos -- --nocapture
+//! ```
+//!
+//! `CHAOS_SECS` is how long the chaos lasts (default 60); the settling at the
+//! end adds up to three minutes more. `CHAOS_BUYERS` (default 24),
+//! `CHAOS_INSTANCES` (default 3) and `CHAOS_DB_RESTARTS` (default 1, spread
+//! evenly) size it; `CHAOS_KEEP=1` keeps the scratch directory with every
+//! process's log, and `CHAOS_SERVICE_LOG` is the services' `RUST_LOG`
+//! (default `warn`; `info` logs every request). Not part of a plain `cargo test`
+//! (`test = false` in Cargo.toml): it needs a release build to mean anything.
+
+#[path = "chaos/cluster.rs"]
+mod cluster;
+#[path = "chaos/load.rs"]
+mod load;
+#[path = "chaos/monkey.rs"]
+mod monkey;
+#[path = "chaos/spec9.rs"]
+mod spec9;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stagedoor_checkout::auth::{BuyerId, Tokens};
+use stagedoor_checkout::config::Settings;
+use tokio_postgres::NoTls;
+
+use cluster::{Postgres, SandboxProcess, Scratch, Services, API_KEY};
+use load::{buyer_name, Click, Seats, Shop};
+use monkey::Monkey;
+
+/// The service's Payrail timeout; the latency faults exceed it.
+const PAYRAIL_TIMEOUT_MS: u64 = 800;
+/// How long the end may take to get every click an answer, and to settle
+/// every pending order.
+const FINISH_WITHIN: Duration = Duration::from_secs(60);
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+/// How long the final sweep may take to replay every answered click.
+const REPLAY_WITHIN: Duration = Duration::from_secs(90);
+
+struct Profile {
+    secs: u64,
+    buyers: usize,
+    instances: usize,
+    db_restarts: u64,
+    seats: u32,
+}
+
+impl Profile {
+    fn from_env() -> Self {
+        let number = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        let secs = number("CHAOS_SECS", 60).max(10);
+        Self {
+            secs,
+            buyers: number("CHAOS_BUYERS", 24).clamp(1, 512) as usize,
+            instances: number("CHAOS_INSTANCES", 3).clamp(1, 8) as usize,
+            db_restarts: number("CHAOS_DB_RESTARTS", 1).min(secs / 5),
+            // More than this machine can sell (about 250 a second), so the
+            // buyers never run out; they still collide on a seat now and then.
+            seats: (secs * 600).clamp(12_000, 1_000_000) as u32,
+        }
+    }
+}
+
+#[test]
+fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
+    let profile = Profile::from_env();
+    // Dropped in reverse order, panics included: the runtime (and with it
+    // every process it spawned), then PostgreSQL, then the directory.
+    let scratch = Scratch::new();
+    let postgres = Arc::new(Postgres::start(&scratch.path));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let violations = runtime.block_on(run(&profile, postgres.clone(), &scratch.path));
+    runtime.shutdown_timeout(Duration::from_secs(10));
+    assert!(
+        violations.is_empty(),
+        "{} violations (the first 20; the report above lists 50):\n  {}",
+        violations.len(),
+        violations[..violations.len().min(20)].join("\n  ")
+    );
+}
+
+/// The environment of every service process (and of the `seed` command).
+fn service_env(postgres: &Postgres, sandbox: &str, profile: &Profile) -> Vec<(String, String)> {
+    let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
+    let hold_ttl = (profile.secs + 600).to_string();
+    let log = std::env::var("CHAOS_SERVICE_LOG").unwrap_or_else(|_| "warn".to_owned());
+    [
+        ("STAGEDOOR_ENV", "local"),
+        ("STAGEDOOR_CONFIG_DIR", config.as_str()),
+        ("DATABASE_URL", postgres.url("stagedoor").as_str()),
+        ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "true"),
+        ("STAGEDOOR__DATABASE__POOL_SIZE", "8"),
+        ("STAGEDOOR__DATABASE__POOL_TIMEOUT_MS", "2000"),
+        ("STAGEDOOR__SERVER__HOST", "127.0.0.1"),
+        ("STAGEDOOR__SERVER__WORKERS", "2"),
+        ("STAGEDOOR__SERVER__SHUTDOWN_TIMEOUT_SECS", "1"),
+        ("STAGEDOOR__DEMO__SEED", "false"),
+        ("STAGEDOOR__PAYRAIL__SANDBOX", "false"),
+        ("STAGEDOOR__PAYRAIL__BASE_URL", sandbox),
+        ("STAGEDOOR__PAYRAIL__API_KEY", API_KEY),
+        (
+            "STAGEDOOR__PAYRAIL__TIMEOUT_MS",
+            &PAYRAIL_TIMEOUT_MS.to_string(),
+        ),
+        ("STAGEDOOR__PAYRAIL__MAX_ATTEMPTS", "2"),
+        ("STAGEDOOR__PAYRAIL__BREAKER_FAILURES", "5"),
+        ("STAGEDOOR__PAYRAIL__BREAKER_OPEN_SECS", "1"),
+        ("STAGEDOOR__IDEMPOTENCY__LOCK", "table"),
+        ("STAGEDOOR__IDEMPOTENCY__LEASE_SECS", "2"),
+        ("STAGEDOOR__RECONCILE__INTERVAL_SECS", "1"),
+        ("STAGEDOOR__RECONCILE__GRACE_SECS", "2"),
+        ("STAGEDOOR__HOLDS__TTL_SECS", hold_ttl.as_str()),
+        ("RUST_LOG", log.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect()
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+/// Signs a token per buyer with the `local` layer's secret, valid for the
+/// whole run.
+fn tokens(buyers: usize, ttl: Duration) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let settings = Settings::load_from(&dir, "local").expect("config/local.toml");
+    let tokens = Tokens::new(&settings.auth.jwt_secret).expect("jwt secret");
+    (0..buyers)
+        .map(|i| {
+            let buyer = BuyerId::parse(&buyer_name(i)).expect("buyer id");
+            tokens.sign(&buyer, ttl).expect("sign")
+        })
+        .collect()
+}
+
+async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<String> {
+    let admin = connect(&postgres.url("postgres")).await;
+    assert_eq!(
+        count(
+            &admin,
+            "SELECT count(*) FROM pg_available_extensions WHERE name = 'btree_gist'"
+        )
+        .await,
+        1,
+        "the btree_gist extension (PostgreSQL contrib) must be installed"
+    );
+    drop(admin);
+
+    let sandbox = SandboxProcess::spawn(scratch).await;
+    let env = service_env(&postgres, &sandbox.url, profile);
+    let services = Arc::new(Services::new(scratch, profile.instances, env));
+    // `seed` makes at most 100,000 seats per event.
+    let mut left = profile.seats;
+    for event in 1.. {
+        let seats = left.min(100_000);
+        services
+            .admin(&[
+                "seed",
+                "--event",
+                &format!("chaos-{event}"),
+                "--seats",
+                &seats.to_string(),
+                "--price-cents",
+                "2500",
+            ])
+            .await;
+        left -= seats;
+        if left == 0 {
+            break;
+        }
+    }
+    let seat_ids: Vec<i64> = connect(&postgres.url("stagedoor"))
+        .await
+        .query("SELECT seat_id FROM seats ORDER BY seat_id", &[])
+        .await
+        .expect("seat ids")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let starts = (0..services.len()).map(|i| services.start(i, Duration::from_secs(60)));
+    for started in futures_util::future::join_all(starts).await {
+        started.expect("every instance starts");
+    }
+    println!(
+        "chaos: {} s of chaos, {} instances, {} buyers, {} seats; PostgreSQL on port {}, sandbox {}",
+        profile.secs,
+        profile.instances,
+        profile.buyers,
+        seat_ids.len(),
+        postgres.port,
+        sandbox.url
+    );
+
+    let tokens = tokens(profile.buyers, Duration::from_secs(profile.secs + 3_600));
+    let shop = Arc::new(Shop::new(
+        services.urls.clone(),
+        tokens,
+        Seats::new(seat_ids),
+    ));
+    let started = Instant::now();
+    let chaos_ends = started + Duration::from_secs(profile.secs);
+    let monkey = Arc::new(Monkey::new(started));
+    let controllers = vec![
+        tokio::spawn(
+            monkey
+                .clone()
+                .faults(sandbox.url.clone(), PAYRAIL_TIMEOUT_MS, chaos_ends),
+        ),
+        tokio::spawn(monkey.clone().kills(services.clone(), chaos_ends)),
+        tokio::spawn(
+            monkey.clone().restart_database(
+                postgres.clone(),
+                (1..=profile.db_restarts)
+                    .map(|i| {
+                        started + Duration::from_secs(profile.secs * i / (profile.db_restarts + 1))
+                    })
+                    .collect(),
+            ),
+        ),
+    ];
+    let buyers: Vec<_> = (0..profile.buyers)
+        .map(|i| tokio::spawn(shop.clone().buyer(i, chaos_ends)))
+        .collect();
+    let mut clicks: Vec<Click> = Vec::new();
+    for buyer in buyers {
+        clicks.extend(buyer.await.expect("a buyer task"));
+    }
+    let sold_out = shop.stats.sold_out_at_ms.load(Ordering::Relaxed);
+    if sold_out > 0 {
+        // Not a failure of the service, but the chaos ran without traffic
+        // from then on: say so loudly.
+        monkey.say(&format!(
+            "WARNING: the seats ran out at {:.1} s; raise the seat count",
+            sold_out as f64 / 1000.0
+        ));
+    }
+    for controller in controllers {
+        controller.await.expect("a controller task");
+    }
+
+    // The end: no more faults or kills. Every click without an answer is
+    // retried with its own key until it has one.
+    let http = reqwest::Client::new();
+    monkey.set_faults(&http, &sandbox.url, &json!({})).await;
+    monkey.revive(&services).await;
+    let unanswered = clicks.iter().filter(|c| c.final_answer().is_none()).count();
+    monkey.say(&format!(
+        "chaos over: {} clicks, {unanswered} without an answer yet; retrying them",
+        clicks.len()
+    ));
+    shop.finish(&mut clicks, Instant::now() + FINISH_WITHIN)
+        .await;
+    let db = connect(&postgres.url("stagedoor")).await;
+    let settle_by = Instant::now() + SETTLE_WITHIN;
+    let pending_sql = "SELECT count(*) FROM orders WHERE status = 'payment_pending'";
+    while count(&db, pending_sql).await > 0 && Instant::now() < settle_by {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    monkey.say("settled; checking");
+
+    let swept = shop
+        .replay_all(&mut clicks, Instant::now() + REPLAY_WITHIN)
+        .await;
+    monkey.say(&format!("replayed {swept} answered clicks"));
+
+    let ledger: Vec<Value> = http
+        .get(format!("{}/v1/sandbox/charges", sandbox.url))
+        .send()
+        .await
+        .expect("GET /v1/sandbox/charges")
+        .json()
+        .await
+        .expect("the ledger");
+    let orders = load::db_orders(&db).await;
+    let mut violations = spec9::violations(&db, &ledger).await;
+    violations.extend(load::check_clicks(&clicks, &orders, &ledger));
+    violations.extend(
+        shop.seen_violations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..),
+    );
+    for row in db
+        .query(
+            "SELECT order_id::text, user_id, idempotency_key, reconcile_attempts
+             FROM orders WHERE status = 'payment_pending'",
+            &[],
+        )
+        .await
+        .expect("pending orders")
+    {
+        let (order_id, user, key, attempts): (String, String, String, i32) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        violations.push(format!(
+            "order {order_id} of {user}/{key} still payment_pending after settling \
+             ({attempts} reconcile attempts)"
+        ));
+    }
+    violations.extend(
+        monkey
+            .problems
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..),
+    );
+    let (exits, panics) = services.troubles().await;
+    violations.extend(exits);
+    violations.extend(panics);
+    violations.extend(cluster::panicked_lines(&sandbox.stderr, "payrail-sandbox"));
+
+    print_report(
+        &db,
+        &ledger,
+        &shop,
+        &monkey,
+        &clicks,
+        &services,
+        &violations,
+    )
+    .await;
+    violations
+}
+
+async fn print_report(
+    db: &tokio_postgres::Client,
+    ledger: &[Value],
+    shop: &Shop,
+    monkey: &Monkey,
+    clicks: &[Click],
+    services: &Services,
+    violations: &[String],
+) {
+    let s = &shop.stats;
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let orders = count(db, "SELECT count(*) FROM orders").await;
+    let paid = count(db, "SELECT count(*) FROM orders WHERE status = 'paid'").await;
+    let declined = count(db, "SELECT count(*) FROM orders WHERE status = 'declined'").await;
+    let reconciled = count(
+        db,
+        "SELECT count(*) FROM orders WHERE reconcile_attempts > 0",
+    )
+    .await;
+    let keys = count(db, "SELECT count(*) FROM idempotency_keys").await;
+    let succeeded = ledger.iter().filter(|c| c["status"] == "succeeded").count();
+    let retried_charges = ledger
+        .iter()
+        .filter(|c| c["requests"].as_u64().unwrap_or(0) > 1)
+        .count();
+    let sends: usize = clicks.iter().map(|c| c.answers.len()).sum();
+    let five_xx = n(&s.internal_500) + n(&s.unavailable_503) + n(&s.timeout_504) + n(&s.other_5xx);
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "requests",
+            format!(
+                "{} (POST /orders {}, POST /holds {}, GET {})",
+                n(&s.requests),
+                n(&s.order_posts),
+                n(&s.hold_posts),
+                n(&s.reads)
+            ),
+        ),
+        (
+            "clicks (keys)",
+            format!(
+                "{} ({} answers recorded; duplicate bursts {}, declined first {}, borrowed keys {})",
+                clicks.len(),
+                sends,
+                n(&s.duplicate_bursts),
+                n(&s.declined_first),
+                n(&s.borrowed_keys)
+            ),
+        ),
+        (
+            "holds",
+            format!(
+                "{} (409 seat-unavailable {}; hot-seat races {}; seats handed out {} of {})",
+                n(&s.holds),
+                n(&s.seat_unavailable),
+                n(&s.hot_seat_races),
+                shop.seats.handed_out(),
+                shop.seats.len()
+            ),
+        ),
+        (
+            "orders",
+            format!("{orders} (paid {paid}, declined {declined}; touched by reconciliation {reconciled}); key rows {keys}"),
+        ),
+        (
+            "charges",
+            format!(
+                "{} (succeeded {succeeded}, declined {}; asked more than once {retried_charges})",
+                ledger.len(),
+                ledger.len() - succeeded
+            ),
+        ),
+        ("201", n(&s.created).to_string()),
+        ("402", n(&s.declined).to_string()),
+        (
+            "replays",
+            format!(
+                "{} (late replays asked {}, final sweep {}; read-backs/cross reads {}/{})",
+                n(&s.replays),
+                n(&s.late_replays),
+                n(&s.swept),
+                n(&s.reads) - n(&s.cross_reads),
+                n(&s.cross_reads)
+            ),
+        ),
+        (
+            "409s",
+            format!(
+                "{} request-in-progress, {} seat-unavailable (holds), {} other",
+                n(&s.in_progress),
+                n(&s.seat_unavailable),
+                n(&s.conflicts_other) - n(&s.seat_unavailable)
+            ),
+        ),
+        (
+            "422s",
+            format!(
+                "{} idempotency-key-reused (probes {}), {} other",
+                n(&s.key_reused),
+                n(&s.reuse_probes),
+                n(&s.unprocessable_other)
+            ),
+        ),
+        (
+            "5xx",
+            format!(
+                "{five_xx} (500 {}, 503 {}, 504 {}, other {})",
+                n(&s.internal_500),
+                n(&s.unavailable_503),
+                n(&s.timeout_504),
+                n(&s.other_5xx)
+            ),
+        ),
+        (
+            "timeouts",
+            format!(
+                "{} client timeouts (5 s), {} connection errors",
+                n(&s.client_timeouts),
+                n(&s.connection_errors)
+            ),
+        ),
+        ("kills", n(&monkey.kills).to_string()),
+        ("db restarts", n(&monkey.db_restarts).to_string()),
+        ("fault changes", n(&monkey.fault_changes).to_string()),
+        ("violations", violations.len().to_string()),
+    ];
+    println!("\n{:-<78}", "");
+    for (name, value) in rows {
+        println!("  {name:<14} {value}");
+    }
+    println!("{:-<78}", "");
+    for (i, path) in services.stderr_paths().await.iter().enumerate() {
+        let errors = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("ERROR"))
+            .count();
+        println!("  instance {i} logged {errors} ERROR lines (5xx answers, mostly 503)");
+    }
+    for timeout in shop
+        .timed_out
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .take(20)
+    {
+        println!("  client timeout: {timeout}");
+    }
+    for violation in violations.iter().take(50) {
+        println!("  VIOLATION: {violation}");
+    }
+    println!(
+        "chaos: {} requests, {orders} orders, {} charges, {} kills, {} violations",
+        n(&s.requests),
+        ledger.len(),
+        n(&monkey.kills),
+        violations.len()
+    );
+}
