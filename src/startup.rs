@@ -10,6 +10,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
+use deadpool_postgres::Pool;
 
 use crate::auth::Tokens;
 use crate::checkout::seats;
@@ -28,6 +29,7 @@ const DEMO_PRICE_CENTS: i64 = 4_500;
 
 pub struct Application {
     port: u16,
+    pool: Pool,
     server: Server,
     jobs: Jobs,
     sandbox: Option<Sandbox>,
@@ -94,10 +96,11 @@ impl Application {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
-        let jobs = Jobs::spawn(pool, payrail, &settings);
+        let jobs = Jobs::spawn(pool.clone(), payrail, &settings);
         tracing::info!(port, environment = %settings.environment, "stagedoor checkout listening");
         Ok(Self {
             port,
+            pool,
             server,
             jobs,
             sandbox,
@@ -106,6 +109,13 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The instance's connection pool, for the benchmark's pool-wait probe
+    /// (`benches/checkout.rs`): it times `get()` beside real traffic.
+    #[doc(hidden)]
+    pub fn pool(&self) -> Pool {
+        self.pool.clone()
     }
 
     /// Stops the server from elsewhere (tests); signals do the same in `serve`.

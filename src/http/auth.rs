@@ -36,10 +36,10 @@ fn authenticate(req: &HttpRequest) -> Result<BuyerId, Problem> {
     let token = value
         .to_str()
         .ok()
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token)
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(Problem::Unauthorized(

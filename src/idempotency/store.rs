@@ -78,7 +78,9 @@ pub struct KeyPolicy {
 }
 
 /// Claims the key for this request, or says why not. The first statement is
-/// the insert; only a lost insert reads the row.
+/// the insert, and the same statement reads the row a lost insert met, so
+/// that a replay costs one round trip, not two. Call it outside any
+/// transaction: it turns off the synchronous commit of the one it runs in.
 #[tracing::instrument(skip_all, fields(user_id, key = %key))]
 pub async fn begin(
     client: &impl GenericClient,
@@ -97,15 +99,37 @@ pub async fn begin(
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.
     for _ in 0..3 {
+        // The outer SELECT sees the table as it was when the statement began:
+        // never the row this insert made, and not a row that a concurrent
+        // request committed a moment later (the insert waits for it and
+        // loses; the next pass reads it).
+        //
+        // The insert commits without waiting for its WAL flush
+        // (`synchronous_commit` off for this transaction only): nothing
+        // outside the database acts on a claim until the order statement
+        // commits, and that commit waits for a flush that covers this
+        // insert's record too. A crash in between loses a claim that left
+        // nothing behind, so the retry starts afresh, as after a release.
         let insert = client
             .prepare_cached(
-                "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
-                 VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
-                 ON CONFLICT (user_id, key) DO NOTHING",
+                "WITH inserted AS (
+                     INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
+                     VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+                     ON CONFLICT (user_id, key) DO NOTHING
+                     RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+                        EXISTS (SELECT 1 FROM inserted) AS won,
+                        k.request_hash, k.claim_token, k.response_status, k.response_body,
+                        k.response_location, k.response_content_type,
+                        k.created_at <= now() - make_interval(secs => $6) AS expired,
+                        k.lease_expires_at <= now() AS lease_over
+                 FROM (VALUES (1)) AS one (x)
+                 LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2",
             )
             .await?;
-        let won = client
-            .execute(
+        let row = client
+            .query_one(
                 &insert,
                 &[
                     &user_id,
@@ -113,13 +137,14 @@ pub async fn begin(
                     &hash.as_bytes(),
                     &claim.token,
                     &policy.lease.as_secs_f64(),
+                    &policy.ttl.as_secs_f64(),
                 ],
             )
             .await?;
-        if won == 1 {
+        if row.try_get("won")? {
             return Ok(Begin::Claimed(claim));
         }
-        let Some(row) = read(client, policy, user_id, key).await? else {
+        let Some(row) = key_row(&row)? else {
             continue;
         };
         if row.expired {
@@ -262,8 +287,13 @@ pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool,
     Ok(released == 1)
 }
 
-/// Deletes up to `batch` rows older than the TTL; returns how many went.
-/// Small batches keep each statement short, so traffic never waits on it.
+/// Deletes up to `batch` rows older than the TTL, oldest first; returns how
+/// many went. Small batches keep each statement short, so traffic never
+/// waits on it. No row locks are taken before the delete (they would write
+/// every row twice). A row that a request restarts meanwhile
+/// (`take_expired`, which sets `created_at`) survives because the expiry is
+/// part of the delete's own condition, which PostgreSQL rechecks on the
+/// row's latest version (not every release rechecks a `ctid` match).
 pub async fn delete_expired(
     client: &impl GenericClient,
     ttl: Duration,
@@ -275,8 +305,9 @@ pub async fn delete_expired(
              WHERE ctid = ANY (ARRAY(
                  SELECT ctid FROM idempotency_keys
                  WHERE created_at < now() - make_interval(secs => $1)
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED))",
+                 ORDER BY created_at
+                 LIMIT $2))
+               AND created_at < now() - make_interval(secs => $1)",
         )
         .await?;
     Ok(client
@@ -308,13 +339,22 @@ async fn read(
              WHERE user_id = $1 AND key = $2",
         )
         .await?;
-    let Some(row) = client
+    match client
         .query_opt(
             &statement,
             &[&user_id, &key.as_str(), &policy.ttl.as_secs_f64()],
         )
         .await?
-    else {
+    {
+        Some(row) => key_row(&row),
+        None => Ok(None),
+    }
+}
+
+/// A key row as `read` and `begin` select it; `None` when the columns are
+/// NULL (`begin` found no row it could see).
+fn key_row(row: &tokio_postgres::Row) -> Result<Option<KeyRow>, DbError> {
+    let Some(hash) = row.try_get::<_, Option<Vec<u8>>>("request_hash")? else {
         return Ok(None);
     };
     let status: Option<i16> = row.try_get("response_status")?;
@@ -332,7 +372,7 @@ async fn read(
         None => None,
     };
     Ok(Some(KeyRow {
-        hash: row.try_get("request_hash")?,
+        hash,
         token: row.try_get("claim_token")?,
         response,
         expired: row.try_get("expired")?,

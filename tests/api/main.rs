@@ -17,5 +17,6 @@ mod openapi;
 mod orders;
 mod redis_gate;
 mod seats;
+mod security;
 mod storm;
 mod takeover;

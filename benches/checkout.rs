@@ -1,0 +1,279 @@
+//! `cargo bench --bench checkout [-- --quick] [scenario ...]`
+//!
+//! What the checkout does on this machine, beside the baselines that bound
+//! it. The bench starts its own PostgreSQL (initdb, `pg_stat_statements`),
+//! a Payrail sandbox and the service's `Application` in this process on port
+//! 0, then drives them with an async HTTP load generator at a fixed
+//! concurrency, latencies in HDR histograms. It prints a table with the
+//! targets of docs/PERFORMANCE.md and writes the same figures as JSON.
+//!
+//! `--quick` runs every scenario briefly (CI); the default runs them long
+//! enough to trust. Naming scenarios runs only those (figures that need a
+//! missing one are left out): orders, replay, mirror, storm, payrail, redis,
+//! keyrows, cleanup, rss.
+
+#[path = "checkout/capacity.rs"]
+mod capacity;
+#[path = "checkout/fixtures.rs"]
+mod fixtures;
+#[path = "checkout/load.rs"]
+mod load;
+#[path = "checkout/postgres.rs"]
+mod postgres;
+#[path = "checkout/report.rs"]
+mod report;
+#[path = "checkout/scenarios.rs"]
+mod scenarios;
+#[path = "checkout/servers.rs"]
+mod servers;
+#[path = "checkout/storage.rs"]
+mod storage;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stagedoor_checkout::config::LockMode;
+use stagedoor_checkout::payrail::sandbox::Sandbox;
+
+use fixtures::{Buyers, Factory};
+use report::Report;
+
+/// How long each part runs.
+pub struct Profile {
+    pub name: &'static str,
+    pub warmup: Duration,
+    pub measure: Duration,
+    /// Per concurrency step of the Payrail-latency search.
+    pub step: Duration,
+    pub cleanup_rows: i64,
+    /// ABBA comparisons: pairs of segments, and each segment's length.
+    pub pairs: usize,
+    pub segment: Duration,
+}
+
+impl Profile {
+    fn quick() -> Self {
+        Self {
+            name: "quick",
+            warmup: Duration::from_secs(1),
+            measure: Duration::from_secs(4),
+            step: Duration::from_secs(3),
+            cleanup_rows: 200_000,
+            pairs: 2,
+            segment: Duration::from_secs(2),
+        }
+    }
+
+    fn full() -> Self {
+        Self {
+            name: "full",
+            warmup: Duration::from_secs(3),
+            measure: Duration::from_secs(15),
+            step: Duration::from_secs(8),
+            cleanup_rows: 1_000_000,
+            pairs: 3,
+            segment: Duration::from_secs(5),
+        }
+    }
+}
+
+pub const SCENARIOS: &[&str] = &[
+    "orders", "replay", "mirror", "storm", "payrail", "redis", "keyrows", "cleanup", "rss",
+];
+
+/// Everything the scenarios share.
+pub struct Bench {
+    pub profile: Profile,
+    pub pg: postgres::Server,
+    pub sandbox_url: String,
+    pub buyers: Arc<Buyers>,
+    pub factory: Factory,
+    pub report: Report,
+    /// A stored 201: (buyer, key, body sent, body stored).
+    pub replay: Option<scenarios::Stored>,
+    pub http: reqwest::Client,
+}
+
+impl Bench {
+    pub fn settings(&self, lock: LockMode) -> stagedoor_checkout::config::Settings {
+        servers::settings(&self.pg.bench_url(), &self.sandbox_url, lock)
+    }
+
+    pub async fn set_latency(&self, latency_ms: u64) {
+        let response = self
+            .http
+            .post(format!("{}/v1/sandbox/faults", self.sandbox_url))
+            .json(&json!({ "latency_ms": latency_ms }))
+            .send()
+            .await
+            .expect("sandbox faults");
+        assert!(response.status().is_success(), "setting sandbox faults");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let profile = if args.iter().any(|a| a == "--quick") {
+        Profile::quick()
+    } else {
+        Profile::full()
+    };
+    let selected: Vec<String> = args
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .collect();
+    for name in &selected {
+        assert!(
+            SCENARIOS.contains(&name.as_str()),
+            "unknown scenario {name}; known: {}",
+            SCENARIOS.join(", ")
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (path, double_charges) = runtime.block_on(run(profile, selected));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    println!("wrote {}", path.display());
+    // Slow is a figure; a click charged twice is a broken promise.
+    if double_charges > 0.0 {
+        eprintln!("a storm charged a click more than once: see the storm figures above");
+        std::process::exit(1);
+    }
+}
+
+async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f64) {
+    let started = Instant::now();
+    let wants = |name: &str| selected.is_empty() || selected.iter().any(|s| s == name);
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "checkout bench ({} profile); load average before: {}",
+        profile.name,
+        load_before.trim()
+    );
+    let (pg, fallback) = postgres::Server::start();
+    let mut report = Report::default();
+    if let Some(note) = fallback {
+        report.note(note);
+    }
+    let admin = postgres::connect(&pg.url("postgres")).await;
+    if pg.is_throwaway() {
+        admin
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .expect("pg_stat_statements");
+    }
+    let pg_version: String = admin
+        .query_one("SHOW server_version", &[])
+        .await
+        .expect("version")
+        .get(0);
+    drop(admin);
+
+    let sandbox = Sandbox::start(
+        TcpListener::bind("127.0.0.1:0").expect("bind the sandbox"),
+        servers::API_KEY.to_owned(),
+    )
+    .expect("sandbox");
+    let sandbox_url = sandbox.base_url();
+    // Creates the database and applies the migrations.
+    let settings = servers::settings(&pg.bench_url(), &sandbox_url, LockMode::Table);
+    stagedoor_checkout::startup::prepare_database(&settings)
+        .await
+        .expect("prepare the bench database");
+    let buyers = Arc::new(Buyers::new(&settings, 1_000));
+    let factory = Factory::new(pg.bench_url(), buyers.len()).await;
+    let mut bench = Bench {
+        profile,
+        pg,
+        sandbox_url,
+        buyers,
+        factory,
+        report,
+        replay: None,
+        http: fixtures::client(8),
+    };
+
+    // The counted order run comes first, while nothing else is connected
+    // to the bench database.
+    if wants("orders") {
+        scenarios::orders(&mut bench).await;
+    }
+    let app = servers::RunningApp::start(bench.settings(LockMode::Table)).await;
+    if wants("replay") || wants("keyrows") || wants("cleanup") {
+        scenarios::replay(&mut bench, &app).await;
+    }
+    if wants("mirror") {
+        scenarios::mirror(&mut bench).await;
+    }
+    if wants("storm") {
+        capacity::storm(&mut bench, &app.url, "").await;
+    }
+    if wants("payrail") {
+        capacity::payrail(&mut bench, &app).await;
+    }
+    if wants("redis") {
+        capacity::redis(&mut bench).await;
+    }
+    if wants("keyrows") {
+        storage::key_rows(&mut bench).await;
+    }
+    if wants("cleanup") {
+        storage::cleanup(&mut bench, &app).await;
+    }
+    app.stop().await;
+    if wants("rss") {
+        capacity::rss(&mut bench).await;
+    }
+    sandbox.stop().await;
+    if !bench.pg.is_throwaway() {
+        let admin = postgres::connect(&bench.pg.url("postgres")).await;
+        let drop = format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            bench.pg.database
+        );
+        if let Err(error) = admin.batch_execute(&drop).await {
+            eprintln!("bench: {drop}: {error}");
+        }
+    }
+
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let meta = json!({
+        "profile": bench.profile.name,
+        "scenarios": if selected.is_empty() { SCENARIOS.iter().map(|s| s.to_string()).collect() } else { selected },
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu": cpu,
+        "postgresql": pg_version,
+        "postgresql_server": bench.pg.settings_note(),
+        "load_average_before": load_before.trim(),
+        "load_average_after": load_after.trim(),
+        "elapsed_secs": started.elapsed().as_secs(),
+        "unix_time": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    println!(
+        "\nmachine: {} cores ({cpu}), PostgreSQL {pg_version}; {} s in all; load average after: {}",
+        meta["cores"],
+        started.elapsed().as_secs(),
+        load_after.trim()
+    );
+    let double_charges = ["storm_double_charges", "storm_double_charges_redis"]
+        .iter()
+        .filter_map(|name| bench.report.get(name))
+        .sum();
+    (bench.report.finish(meta), double_charges)
+}

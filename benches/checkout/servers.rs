@@ -1,0 +1,287 @@
+//! The servers under load: the real `Application` (in-process, port 0),
+//! the bare one-SELECT baseline, the "mirror" that adds the key-less order
+//! route to the service's own HTTP stack, and the real binary as a process
+//! of its own (for its memory).
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::middleware::from_fn;
+use actix_web::{web, App, HttpResponse, HttpServer};
+use deadpool_postgres::Pool;
+use secrecy::SecretString;
+use stagedoor_checkout::auth::Tokens;
+use stagedoor_checkout::checkout::orders::{without_key, OrderRequest};
+use stagedoor_checkout::config::{LockMode, Settings};
+use stagedoor_checkout::http::{self, AppState, Buyer};
+use stagedoor_checkout::idempotency::store::KeyPolicy;
+use stagedoor_checkout::idempotency::Gate;
+use stagedoor_checkout::problem::Problem;
+use stagedoor_checkout::startup::Application;
+use stagedoor_checkout::{db, payrail, telemetry};
+
+pub const API_KEY: &str = "sk_test_stagedoor";
+
+/// The `local` layer, then what a benchmark needs: this database and
+/// sandbox, port 0, the default pool (16) and workers (one per core), jobs
+/// out of the way, a breaker that does not open on an overloaded second.
+pub fn settings(database_url: &str, sandbox_url: &str, lock: LockMode) -> Settings {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut settings = Settings::load_from(&dir, "local").expect("config/local.toml");
+    settings.database.url = SecretString::from(database_url.to_owned());
+    settings.database.create_if_missing = true;
+    settings.server.host = "127.0.0.1".to_owned();
+    settings.server.port = 0;
+    settings.server.shutdown_timeout_secs = 1;
+    settings.payrail.sandbox = false;
+    settings.payrail.base_url = sandbox_url.to_owned();
+    settings.payrail.api_key = SecretString::from(API_KEY.to_owned());
+    settings.payrail.breaker_failures = 1_000_000;
+    settings.demo.seed = false;
+    settings.reconcile.interval_secs = 3_600;
+    settings.idempotency.cleanup_interval_secs = 3_600;
+    settings.idempotency.lock = lock;
+    settings
+}
+
+/// An `Application` serving in this process.
+pub struct RunningApp {
+    pub url: String,
+    pub pool: Pool,
+    handle: ServerHandle,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningApp {
+    pub async fn start(settings: Settings) -> Self {
+        let app = Application::build(settings)
+            .await
+            .expect("build the application");
+        let url = format!("http://127.0.0.1:{}", app.port());
+        let (handle, pool) = (app.handle(), app.pool());
+        let task = tokio::spawn(app.run_until_stopped());
+        Self {
+            url,
+            pool,
+            handle,
+            task,
+        }
+    }
+
+    /// Stops it and waits until its pool (and so every connection) is gone.
+    pub async fn stop(self) {
+        let Self {
+            pool, handle, task, ..
+        } = self;
+        drop(pool);
+        handle.stop(true).await;
+        let _ = task.await;
+    }
+}
+
+/// A server of the bench's own, stopped on `stop`.
+pub struct Plain {
+    pub url: String,
+    handle: ServerHandle,
+}
+
+impl Plain {
+    pub async fn stop(self) {
+        self.handle.stop(true).await;
+    }
+}
+
+/// The ceiling for a one-query request on this stack: actix-web with the
+/// same worker count, a deadpool built by `db::pool` (same size, same
+/// recycling), one prepared, indexed SELECT of a stored answer by its
+/// primary key, its bytes as the body. No auth, no middleware.
+pub fn bare_select(settings: &Settings, user_id: String, key: String) -> Plain {
+    let pool = db::pool(&settings.database).expect("pool");
+    let row = web::Data::new((pool, user_id, key));
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(row.clone())
+            .route("/bare", web::get().to(bare))
+    })
+    .disable_signals()
+    .shutdown_timeout(1);
+    if settings.server.workers > 0 {
+        server = server.workers(settings.server.workers);
+    }
+    let server = server.listen(listener).expect("listen").run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Plain { url, handle }
+}
+
+async fn bare(row: web::Data<(Pool, String, String)>) -> HttpResponse {
+    let (pool, user_id, key) = row.get_ref();
+    let Ok(client) = pool.get().await else {
+        return HttpResponse::ServiceUnavailable().finish();
+    };
+    let statement = match client
+        .prepare_cached(
+            "SELECT response_status, response_body FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2",
+        )
+        .await
+    {
+        Ok(statement) => statement,
+        Err(_) => return HttpResponse::InternalServerError().finish(),
+    };
+    match client.query_opt(&statement, &[user_id, key]).await {
+        Ok(Some(row)) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(row.get::<_, Vec<u8>>(1)),
+        Ok(None) => HttpResponse::NotFound().finish(),
+        Err(_) => HttpResponse::InternalServerError().finish(),
+    }
+}
+
+/// The service's HTTP stack as `Application::build` assembles it (the same
+/// middleware, state, routes and worker count; no jobs, no embedded
+/// sandbox), plus `POST /bench/orders-without-key`, which runs the order
+/// flow with the key statements left out (`orders::without_key`). Both the
+/// keyed `POST /orders` and the key-less route are measured on it, so that
+/// the comparison differs in the key and nothing else.
+pub async fn mirror(settings: &Settings) -> Plain {
+    let pool = db::pool(&settings.database).expect("pool");
+    let state = web::Data::new(AppState {
+        pool,
+        payrail: Arc::new(
+            payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
+                .expect("payrail client"),
+        ),
+        tokens: Tokens::new(&settings.auth.jwt_secret).expect("tokens"),
+        gate: Gate::connect(&settings.idempotency, &settings.redis)
+            .await
+            .expect("gate"),
+        keys: KeyPolicy {
+            ttl: settings.idempotency.ttl(),
+            lease: settings.idempotency.lease(),
+        },
+        hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
+        max_body_bytes: settings.http.max_body_bytes,
+    });
+    let cors_origins = settings.http.cors_origins.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .wrap(http::cors::cors(&cors_origins))
+            .wrap(http::bare_refusals_as_problems())
+            .wrap(from_fn(telemetry::log_request))
+            .app_data(state.clone())
+            .route(
+                "/bench/orders-without-key",
+                web::post().to(order_without_key),
+            )
+            .configure(http::routes)
+            .default_service(web::to(http::not_found))
+    })
+    .disable_signals()
+    .shutdown_timeout(1);
+    if settings.server.workers > 0 {
+        server = server.workers(settings.server.workers);
+    }
+    let server = server.listen(listener).expect("listen").run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Plain { url, handle }
+}
+
+async fn order_without_key(
+    state: web::Data<AppState>,
+    buyer: Buyer,
+    body: web::Bytes,
+) -> Result<HttpResponse, Problem> {
+    let request: OrderRequest = serde_json::from_slice(&body)
+        .map_err(|e| Problem::InvalidRequest(format!("the body is not the expected JSON: {e}")))?;
+    let answer =
+        without_key::place(&state.pool, &state.payrail, buyer.0.as_str(), &request).await?;
+    let status = actix_web::http::StatusCode::from_u16(answer.status)
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.content_type(answer.content_type.as_str());
+    if let Some(location) = &answer.location {
+        response.insert_header(("Location", location.as_str()));
+    }
+    Ok(response.body(answer.body))
+}
+
+/// `stagedoor-checkout serve` as a process of its own, killed on drop.
+pub struct ServiceProcess {
+    pub url: String,
+    child: tokio::process::Child,
+}
+
+impl ServiceProcess {
+    pub async fn spawn(database_url: &str, sandbox_url: &str) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
+            .arg("serve")
+            .env("STAGEDOOR_ENV", "local")
+            .env("STAGEDOOR_CONFIG_DIR", config)
+            .env("DATABASE_URL", database_url)
+            .env("STAGEDOOR__SERVER__PORT", port.to_string())
+            .env("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false")
+            .env("STAGEDOOR__DEMO__SEED", "false")
+            .env("STAGEDOOR__PAYRAIL__SANDBOX", "false")
+            .env("STAGEDOOR__PAYRAIL__BASE_URL", sandbox_url)
+            .env("STAGEDOOR__PAYRAIL__API_KEY", API_KEY)
+            .env("STAGEDOOR__PAYRAIL__BREAKER_FAILURES", "1000000")
+            .env("STAGEDOOR__RECONCILE__INTERVAL_SECS", "3600")
+            .env("STAGEDOOR__IDEMPOTENCY__CLEANUP_INTERVAL_SECS", "3600")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn stagedoor-checkout serve");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        for _ in 0..400 {
+            if let Ok(response) = http.get(format!("{url}/healthz")).send().await {
+                if response.status().is_success() {
+                    return Self { url, child };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("stagedoor-checkout serve never became healthy");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// A field of /proc/<pid>/status in MiB (VmHWM, VmRSS).
+    pub fn status_mib(&self, field: &str) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
+    pub async fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Dependency checks, offline:
+#   - cargo audit: known vulnerabilities (RustSec) in Cargo.lock and in the fuzz
+#     crate's lockfile, against the advisory database snapshot vendored next to
+#     the clone (../shared/advisory-db; STAGEDOOR_ADVISORY_DB overrides);
+#   - cargo deny: licenses, bans and sources, as deny.toml says. Its advisories
+#     check would fetch a database from the network: cargo audit does that part.
+# Installs both tools (pinned, --locked) when missing. Exits non-zero on any
+# finding that deny.toml or .cargo/audit.toml does not allow with a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+audit_version="0.22.2"
+deny_version="0.20.2"
+db="${STAGEDOOR_ADVISORY_DB:-../shared/advisory-db}"
+
+if [ "$(cargo audit --version 2>/dev/null)" != "cargo-audit-audit $audit_version" ]; then
+    echo "installing cargo-audit $audit_version" >&2
+    cargo install --locked --quiet cargo-audit --version "$audit_version"
+fi
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $deny_version" ]; then
+    echo "installing cargo-deny $deny_version" >&2
+    cargo install --locked --quiet cargo-deny --version "$deny_version"
+fi
+
+if [ ! -d "$db/crates" ]; then
+    echo "no RustSec advisory database at $db (set STAGEDOOR_ADVISORY_DB)" >&2
+    exit 1
+fi
+echo "advisory database: $(head -c 120 "$db/SNAPSHOT" 2>/dev/null || echo "$db")"
+
+echo "--- cargo audit: Cargo.lock"
+cargo audit --db "$db" --no-fetch --deny warnings
+if [ -f fuzz/Cargo.lock ]; then
+    echo "--- cargo audit: fuzz/Cargo.lock"
+    cargo audit --db "$db" --no-fetch --deny warnings --file fuzz/Cargo.lock
+fi
+
+echo "--- cargo deny: bans, licenses, sources"
+cargo deny --frozen check --hide-inclusion-graph bans licenses sources
