@@ -24,11 +24,13 @@ COPY . .
 RUN cargo build --release --locked --bin stagedoor-checkout --bin payrail-sandbox
 
 FROM debian:bookworm-slim AS runtime
-# curl is for the HEALTHCHECK and nothing else. Versions are left to the
-# bookworm security archive (pinned versions disappear from it), hence DL3008.
+# ca-certificates: the roots that Payrail's HTTPS certificate is checked
+# against. curl is for the HEALTHCHECK and nothing else. Versions are left to
+# the bookworm security archive (pinned versions disappear from it), hence
+# DL3008.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends curl \
+    && apt-get install -y --no-install-recommends ca-certificates curl \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home \

@@ -202,3 +202,42 @@ fn backoff(attempt: u32) -> Duration {
     let jitter = RandomState::new().hash_one(attempt) % (base / 2 + 1);
     Duration::from_millis(base + jitter)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Payrail is reached over HTTPS outside the sandbox: an `https://` base
+    /// URL must get a TLS handshake, not a refusal from the client itself.
+    #[tokio::test]
+    async fn an_https_payrail_is_spoken_to_in_tls() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("https://{}", listener.local_addr().unwrap());
+        let first_byte = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut first = [0u8; 1];
+            socket.peek(&mut first).await.unwrap();
+            first[0]
+        });
+        let settings = PayrailSettings {
+            base_url: base_url.clone(),
+            sandbox: false,
+            api_key: SecretString::from("sk_test".to_owned()),
+            timeout_ms: 2_000,
+            max_attempts: 1,
+            breaker_failures: 5,
+            breaker_open_secs: 30,
+        };
+        let client = Client::new(&settings, &base_url).unwrap();
+        let charge = Charge {
+            amount_cents: 100,
+            currency: "EUR".to_owned(),
+            payment_method: "pm_card_ok".to_owned(),
+            reference: Uuid::new_v4(),
+        };
+        let sent = tokio::spawn(async move { client.charge(charge.reference, &charge).await });
+        // 0x16 opens a TLS handshake record: the ClientHello.
+        assert_eq!(first_byte.await.unwrap(), 0x16);
+        assert!(sent.await.unwrap().is_err());
+    }
+}
