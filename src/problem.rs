@@ -12,7 +12,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::idempotency::{KeyError, StoredResponse};
+use crate::idempotency::{KeyError, Media, StoredResponse};
 use crate::payrail::PaymentError;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
@@ -207,8 +207,8 @@ impl Problem {
             status: status.as_u16(),
             // Serializing plain strings and numbers cannot fail.
             body: serde_json::to_vec(&body).unwrap_or_default(),
-            location: None,
-            content_type: CONTENT_TYPE.to_owned(),
+            media: Media::Problem,
+            created_order: None,
         }
     }
 
@@ -301,7 +301,7 @@ mod tests {
         let response = Problem::HoldUnavailable.to_response();
         let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
         assert_eq!(response.status, 409);
-        assert_eq!(response.content_type, "application/problem+json");
+        assert_eq!(response.media.content_type(), "application/problem+json");
         assert_eq!(
             body["type"],
             "https://stagedoor.example/problems/hold-unavailable"

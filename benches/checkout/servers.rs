@@ -208,9 +208,9 @@ async fn order_without_key(
     let status = actix_web::http::StatusCode::from_u16(answer.status)
         .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = HttpResponse::build(status);
-    response.content_type(answer.content_type.as_str());
-    if let Some(location) = &answer.location {
-        response.insert_header(("Location", location.as_str()));
+    response.content_type(answer.media.content_type());
+    if let Some(location) = answer.location() {
+        response.insert_header(("Location", location));
     }
     Ok(response.body(answer.body))
 }

@@ -51,20 +51,32 @@ pub async fn key_rows(bench: &mut Bench) {
         .query_one(
             "SELECT avg(pg_column_size(user_id))::float8, avg(pg_column_size(key))::float8,
                     avg(pg_column_size(request_hash))::float8,
-                    avg(pg_column_size(response_location))::float8,
-                    avg(pg_column_size(response_content_type))::float8
+                    avg(pg_column_size(order_id))::float8,
+                    avg(pg_column_size(response_body))::float8
              FROM idempotency_keys WHERE response_status = 201",
             &[],
         )
         .await
         .expect("column sizes");
     let column = |i: usize| columns.get::<_, f64>(i).round();
+    // An update that is not HOT (its page had no room for the new version)
+    // leaves a new entry in both indexes and a hole in the heap.
+    let updates = client
+        .query_one(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+             WHERE relname = 'idempotency_keys'",
+            &[],
+        )
+        .await
+        .expect("update counts");
+    let (updated, hot): (i64, i64) = (updates.get(0), updates.get(1));
     let per_row = total as f64 / all as f64;
     println!(
         "  {all} rows ({rows} with a 201): {per_row:.0} bytes a row (heap {:.0}, indexes {:.0}; tuple {tuple:.0}); body {body:.0} bytes",
         heap as f64 / all as f64,
         indexes as f64 / all as f64
     );
+    println!("  updates: {updated}, of which HOT {hot}");
     bench.report.set("key_row_bytes", per_row);
     bench.report.set("key_body_bytes", body);
     bench.report.detail(
@@ -72,9 +84,10 @@ pub async fn key_rows(bench: &mut Bench) {
         json!({
             "rows": all, "rows_201": rows, "heap_bytes_per_row": heap as f64 / all as f64,
             "index_bytes_per_row": indexes as f64 / all as f64, "tuple_bytes": tuple,
+            "updates": updated, "hot_updates": hot,
             "column_bytes": {
                 "user_id": column(0), "key": column(1), "request_hash": column(2),
-                "response_location": column(3), "response_content_type": column(4),
+                "order_id": column(3), "response_body": column(4),
             },
         }),
     );
@@ -99,11 +112,11 @@ pub async fn cleanup(bench: &mut Bench, app: &RunningApp) {
         client
             .execute(
                 "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token,
-                     lease_expires_at, response_status, response_body, response_location,
-                     response_content_type, created_at)
+                     lease_expires_at, response_status, response_body, response_is_problem,
+                     response_locates_order, created_at)
                  SELECT 'old' || (g % 5000), 'key-' || g, sha256(g::text::bytea),
-                        gen_random_uuid(), now() - interval '25 hours', 201, $1,
-                        '/orders/' || gen_random_uuid(), 'application/json',
+                        g, now() - interval '25 hours', 201, $1,
+                        false, false,
                         now() - interval '25 hours' - g * interval '80 ms'
                  FROM generate_series($2::bigint, $3::bigint) g",
                 &[&body, &(done + 1), &(done + chunk)],

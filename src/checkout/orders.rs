@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::idempotency::{store, Claim, Finished, StoredResponse};
+use crate::idempotency::{store, Claim, Finished, Media, StoredResponse};
 use crate::payrail::{self, Charge, ChargeOutcome};
 use crate::problem::Problem;
 
@@ -105,10 +105,6 @@ impl Order {
         }
     }
 
-    pub fn location(&self) -> String {
-        format!("/orders/{}", self.order_id)
-    }
-
     /// The answer to the click that made this order, once it has an outcome:
     /// 201 with the order, or 402 `payment-declined`.
     pub fn answer(&self) -> StoredResponse {
@@ -119,10 +115,8 @@ impl Order {
             .to_response();
         }
         StoredResponse {
-            status: 201,
-            body: serde_json::to_vec(self).unwrap_or_default(),
-            location: Some(self.location()),
-            content_type: "application/json".to_owned(),
+            created_order: Some(self.order_id),
+            ..StoredResponse::json(201, serde_json::to_vec(self).unwrap_or_default())
         }
     }
 }
@@ -196,8 +190,8 @@ async fn settle_claimed(
                  WHERE order_id = $1 AND $2 = 'declined' AND EXISTS (SELECT 1 FROM settled)
              ), stored AS (
                  UPDATE idempotency_keys
-                 SET response_status = $7, response_body = $8, response_location = $9,
-                     response_content_type = $10
+                 SET response_status = $7, response_body = $8, response_is_problem = $9,
+                     response_locates_order = $10
                  WHERE user_id = $4 AND key = $5 AND claim_token = $6
                    AND response_status IS NULL AND EXISTS (SELECT 1 FROM settled)
                  RETURNING 1
@@ -218,8 +212,8 @@ async fn settle_claimed(
                 &claim.token,
                 &(answer.status as i16),
                 &answer.body,
-                &answer.location,
-                &answer.content_type,
+                &(answer.media == Media::Problem),
+                &answer.created_order.is_some(),
             ],
         )
         .await?;

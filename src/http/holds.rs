@@ -74,12 +74,10 @@ pub async fn create(
     let work = || async {
         let client = state.pool.get().await?;
         let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.hold_ttl).await?;
-        Ok(Finished::Answer(StoredResponse {
-            status: 201,
-            body: serde_json::to_vec(&hold).unwrap_or_default(),
-            location: None,
-            content_type: "application/json".to_owned(),
-        }))
+        Ok(Finished::Answer(StoredResponse::json(
+            201,
+            serde_json::to_vec(&hold).unwrap_or_default(),
+        )))
     };
     match key {
         Some(key) => idempotent::run(&state, &buyer.0, key, &req, &bytes, |_| work()).await,

@@ -152,9 +152,9 @@ fn answer_begun(begun: Begin) -> Result<HttpResponse, Problem> {
 fn respond(response: &StoredResponse, replayed: bool) -> HttpResponse {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut builder = HttpResponse::build(status);
-    builder.insert_header((header::CONTENT_TYPE, response.content_type.as_str()));
-    if let Some(location) = &response.location {
-        builder.insert_header((header::LOCATION, location.as_str()));
+    builder.insert_header((header::CONTENT_TYPE, response.media.content_type()));
+    if let Some(location) = response.location() {
+        builder.insert_header((header::LOCATION, location));
     }
     if replayed {
         builder.insert_header((REPLAYED, "true"));

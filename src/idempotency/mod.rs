@@ -10,4 +10,4 @@ pub mod store;
 pub use fingerprint::RequestHash;
 pub use key::{IdempotencyKey, KeyError};
 pub use lock::{Gate, GateError};
-pub use store::{Begin, Claim, ClaimKind, Finished, StoredResponse};
+pub use store::{Begin, Claim, ClaimKind, Finished, Media, StoredResponse};

@@ -8,18 +8,56 @@
 use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{IdempotencyKey, RequestHash};
 use crate::db::DbError;
 
-/// An answer as it was first given, replayed byte for byte.
+/// An answer as it was first given, replayed byte for byte: the status, the
+/// body, and the headers a client acts on, `Content-Type` and `Location`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
     pub body: Vec<u8>,
-    pub location: Option<String>,
-    pub content_type: String,
+    pub media: Media,
+    /// The order this answer made, which its `Location` names. The key row
+    /// holds it already (`order_id`), so only that it is named is stored.
+    pub created_order: Option<Uuid>,
+}
+
+/// The two kinds of body this service answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Media {
+    Json,
+    /// RFC 9457 Problem Details.
+    Problem,
+}
+
+impl Media {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Media::Json => "application/json",
+            Media::Problem => crate::problem::CONTENT_TYPE,
+        }
+    }
+}
+
+impl StoredResponse {
+    /// A JSON answer that names no created resource.
+    pub fn json(status: u16, body: Vec<u8>) -> Self {
+        StoredResponse {
+            status,
+            body,
+            media: Media::Json,
+            created_order: None,
+        }
+    }
+
+    pub fn location(&self) -> Option<String> {
+        self.created_order
+            .map(|order_id| format!("/orders/{order_id}"))
+    }
 }
 
 /// The right to do the work of one intent, until the lease runs out.
@@ -27,7 +65,8 @@ pub struct StoredResponse {
 pub struct Claim {
     pub user_id: String,
     pub key: IdempotencyKey,
-    pub token: Uuid,
+    /// Fences every write after the claim: 62 random bits, new per claim.
+    pub token: i64,
     /// The order an earlier holder of this key made, when this claim is a
     /// takeover: resume it instead of making another.
     pub order_id: Option<Uuid>,
@@ -92,7 +131,7 @@ pub async fn begin(
     let mut claim = Claim {
         user_id: user_id.to_owned(),
         key: key.clone(),
-        token: Uuid::new_v4(),
+        token: new_token(),
         order_id: None,
         kind: ClaimKind::First,
     };
@@ -121,7 +160,7 @@ pub async fn begin(
                  SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
                         EXISTS (SELECT 1 FROM inserted) AS won,
                         k.request_hash, k.claim_token, k.response_status, k.response_body,
-                        k.response_location, k.response_content_type,
+                        k.response_is_problem, k.response_locates_order, k.order_id,
                         k.created_at <= now() - make_interval(secs => $6) AS expired,
                         k.lease_expires_at <= now() AS lease_over
                  FROM (VALUES (1)) AS one (x)
@@ -205,12 +244,12 @@ pub async fn complete(
     store_response(
         client,
         "UPDATE idempotency_keys
-         SET response_status = $4, response_body = $5, response_location = $6,
-             response_content_type = $7
+         SET response_status = $4, response_body = $5, response_is_problem = $6,
+             response_locates_order = $7
          WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL",
         &claim.user_id,
         claim.key.as_str(),
-        claim.token,
+        &claim.token,
         response,
     )
     .await
@@ -228,12 +267,12 @@ pub async fn complete_for_order(
     store_response(
         client,
         "UPDATE idempotency_keys
-         SET response_status = $4, response_body = $5, response_location = $6,
-             response_content_type = $7
+         SET response_status = $4, response_body = $5, response_is_problem = $6,
+             response_locates_order = $7
          WHERE user_id = $1 AND key = $2 AND order_id = $3 AND response_status IS NULL",
         user_id,
         key,
-        order_id,
+        &order_id,
         response,
     )
     .await
@@ -246,7 +285,7 @@ async fn store_response(
     sql: &str,
     user_id: &str,
     key: &str,
-    fence: Uuid,
+    fence: &(dyn ToSql + Sync),
     response: &StoredResponse,
 ) -> Result<bool, DbError> {
     let statement = client.prepare_cached(sql).await?;
@@ -256,11 +295,11 @@ async fn store_response(
             &[
                 &user_id,
                 &key,
-                &fence,
+                fence,
                 &(response.status as i16),
                 &response.body,
-                &response.location,
-                &response.content_type,
+                &(response.media == Media::Problem),
+                &response.created_order.is_some(),
             ],
         )
         .await?;
@@ -317,7 +356,7 @@ pub async fn delete_expired(
 
 struct KeyRow {
     hash: Vec<u8>,
-    token: Uuid,
+    token: i64,
     response: Option<StoredResponse>,
     expired: bool,
     lease_over: bool,
@@ -332,7 +371,7 @@ async fn read(
     let statement = client
         .prepare_cached(
             "SELECT request_hash, claim_token, response_status, response_body,
-                    response_location, response_content_type,
+                    response_is_problem, response_locates_order, order_id,
                     created_at <= now() - make_interval(secs => $3) AS expired,
                     lease_expires_at <= now() AS lease_over
              FROM idempotency_keys
@@ -351,6 +390,12 @@ async fn read(
     }
 }
 
+/// A claim token: 62 random bits (a v4 UUID's lower half), enough that two
+/// claims of one key never share one.
+fn new_token() -> i64 {
+    Uuid::new_v4().as_u64_pair().1 as i64
+}
+
 /// A key row as `read` and `begin` select it; `None` when the columns are
 /// NULL (`begin` found no row it could see).
 fn key_row(row: &tokio_postgres::Row) -> Result<Option<KeyRow>, DbError> {
@@ -358,16 +403,25 @@ fn key_row(row: &tokio_postgres::Row) -> Result<Option<KeyRow>, DbError> {
         return Ok(None);
     };
     let status: Option<i16> = row.try_get("response_status")?;
+    let flag = |column: &str| -> Result<bool, DbError> {
+        Ok(row.try_get::<_, Option<bool>>(column)? == Some(true))
+    };
     let response = match status {
         Some(status) => Some(StoredResponse {
             status: u16::try_from(status).unwrap_or(500),
             body: row
                 .try_get::<_, Option<Vec<u8>>>("response_body")?
                 .unwrap_or_default(),
-            location: row.try_get("response_location")?,
-            content_type: row
-                .try_get::<_, Option<String>>("response_content_type")?
-                .unwrap_or_default(),
+            media: if flag("response_is_problem")? {
+                Media::Problem
+            } else {
+                Media::Json
+            },
+            created_order: if flag("response_locates_order")? {
+                row.try_get("order_id")?
+            } else {
+                None
+            },
         }),
         None => None,
     };
@@ -387,7 +441,7 @@ async fn take_expired(
     policy: KeyPolicy,
     claim: &Claim,
     hash: &RequestHash,
-    seen_token: Uuid,
+    seen_token: i64,
 ) -> Result<bool, DbError> {
     let statement = client
         .prepare_cached(
@@ -395,7 +449,7 @@ async fn take_expired(
              SET request_hash = $5, claim_token = $3,
                  lease_expires_at = now() + make_interval(secs => $6),
                  order_id = NULL, response_status = NULL, response_body = NULL,
-                 response_location = NULL, response_content_type = NULL, created_at = now()
+                 response_is_problem = NULL, response_locates_order = NULL, created_at = now()
              WHERE user_id = $1 AND key = $2 AND claim_token = $4
                AND created_at <= now() - make_interval(secs => $7)",
         )
@@ -424,7 +478,7 @@ async fn take_abandoned(
     client: &impl GenericClient,
     policy: KeyPolicy,
     claim: &Claim,
-    seen_token: Uuid,
+    seen_token: i64,
 ) -> Result<Option<Option<Uuid>>, DbError> {
     let statement = client
         .prepare_cached(

@@ -40,7 +40,7 @@ async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str) {
             &format!(
                 "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token,
                      lease_expires_at, response_status, response_body, created_at)
-                 SELECT 'load', 'k-' || g || '-' || md5(random()::text), '\\x00', gen_random_uuid(),
+                 SELECT 'load', 'k-' || g || '-' || md5(random()::text), '\\x00', g,
                         now(), 201, '{{}}', now() - interval '{age}'
                  FROM generate_series(1, $1::bigint) g"
             ),

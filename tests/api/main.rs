@@ -13,6 +13,7 @@ mod holds;
 mod idempotency;
 mod invariants;
 mod metrics;
+mod migrations;
 mod openapi;
 mod orders;
 mod redis_gate;

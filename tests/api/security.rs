@@ -628,7 +628,7 @@ async fn bob_cannot_take_over_alices_abandoned_key() {
     let key = new_key();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let (order_id, token) = (Uuid::new_v4(), Uuid::new_v4());
+    let (order_id, token) = (Uuid::new_v4(), 7_i64);
 
     // Alice's click died after it made its order and before Payrail was
     // called: a pending order linked to an in-progress key whose lease ran out.
@@ -663,7 +663,7 @@ async fn bob_cannot_take_over_alices_abandoned_key() {
                       FROM idempotency_keys WHERE user_id = 'alice'";
     let snapshot = |row: tokio_postgres::Row| {
         (
-            row.get::<_, Uuid>(0),
+            row.get::<_, i64>(0),
             row.get::<_, String>(1),
             row.get::<_, Option<Uuid>>(2),
             row.get::<_, Option<i16>>(3),

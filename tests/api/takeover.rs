@@ -149,12 +149,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
         .unwrap();
     assert!(matches!(fenced, Finished::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
-    let stale = StoredResponse {
-        status: 200,
-        body: b"stale".to_vec(),
-        location: None,
-        content_type: "text/plain".into(),
-    };
+    let stale = StoredResponse::json(200, b"stale".to_vec());
     assert!(!store::complete(&client, &paused, &stale).await.unwrap());
     assert!(!store::release(&client, &paused).await.unwrap());
 
