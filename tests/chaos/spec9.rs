@@ -10,7 +10,9 @@
 //! it after reconciliation has settled what it can); no paid order without a
 //! succeeded charge; no seat in two live holds or orders (§9.5); a paid
 //! order owns all its holds and a declined one none; and every answer stored
-//! on an order's key agrees with that order.
+//! on an order's key agrees with that order, headers included. Replays are
+//! compared byte for byte where they are received (the tests' and the chaos
+//! load's own checks).
 
 use std::collections::HashMap;
 
@@ -147,10 +149,12 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         ));
     }
 
-    // A stored answer of an order's key agrees with the order it made.
+    // A stored answer of an order's key agrees with the order it made: a
+    // 201 naming it in `Location`, or a 402 problem naming nothing.
     for row in db
         .query(
-            "SELECT k.user_id, k.key, k.response_status, o.order_id::text, o.status
+            "SELECT k.user_id, k.key, k.response_status, k.response_is_problem,
+                    k.response_locates_order, o.order_id::text, o.status
              FROM idempotency_keys k JOIN orders o ON o.order_id = k.order_id
              WHERE k.response_status IS NOT NULL",
             &[],
@@ -158,11 +162,30 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         .await
         .expect("keys")
     {
-        let (user, key, code, order_id, status): (String, String, i16, String, String) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        if !matches!((code, status.as_str()), (201, "paid") | (402, "declined")) {
+        let (user, key, code, problem, located, order_id, status): (
+            String,
+            String,
+            i16,
+            bool,
+            bool,
+            String,
+            String,
+        ) = (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+            row.get(6),
+        );
+        if !matches!(
+            (code, problem, located, status.as_str()),
+            (201, false, true, "paid") | (402, true, false, "declined")
+        ) {
             found.push(format!(
-                "key {user}/{key} stored {code} but order {order_id} is {status}"
+                "key {user}/{key} stored {code} (problem {problem}, Location {located}) \
+                 but order {order_id} is {status}"
             ));
         }
     }
