@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser test of the demo checkout page (SPEC §8), end to end:
+# The browser test of the demo checkout page, end to end:
 #
 #   scripts/browser-test.sh [--release]
 #

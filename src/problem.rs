@@ -110,7 +110,7 @@ struct Body<'a> {
 }
 
 impl Problem {
-    /// Status, slug and title: the catalogue of SPEC §4.
+    /// Status, slug and title: the catalogue of problem types (README, API).
     fn catalogue(&self) -> (StatusCode, &'static str, &'static str) {
         use Problem::*;
         match self {

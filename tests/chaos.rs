@@ -1,9 +1,10 @@
-//! The chaos run ("Prove it"): real `stagedoor-checkout serve` processes on
+//! The chaos run: real `stagedoor-checkout serve` processes on
 //! a throwaway PostgreSQL and a real `payrail-sandbox`, a crowd of buyers
 //! clicking and retrying, while Payrail slows down, fails and drops answers,
 //! instances are SIGKILLed and restarted, and PostgreSQL restarts once. At the
 //! end every click is retried with its own key until it has an answer, then
-//! the database and Payrail's ledger are checked against SPEC §9 and against
+//! the database and Payrail's ledger are checked against the invariants
+//! (README, "What always holds") and against
 //! every answer the buyers saw.
 //!
 //! ```sh
@@ -20,12 +21,12 @@
 
 #[path = "chaos/cluster.rs"]
 mod cluster;
+#[path = "chaos/invariants.rs"]
+mod invariants;
 #[path = "chaos/load.rs"]
 mod load;
 #[path = "chaos/monkey.rs"]
 mod monkey;
-#[path = "chaos/spec9.rs"]
-mod spec9;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -304,7 +305,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         .await
         .expect("the ledger");
     let orders = load::db_orders(&db).await;
-    let mut violations = spec9::violations(&db, &ledger).await;
+    let mut violations = invariants::violations(&db, &ledger).await;
     violations.extend(load::check_clicks(&clicks, &orders, &ledger));
     violations.extend(
         shop.seen_violations

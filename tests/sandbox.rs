@@ -1,4 +1,4 @@
-//! Black-box tests of the Payrail sandbox (SPEC §7): real HTTP against a
+//! Black-box tests of the Payrail sandbox: real HTTP against a
 //! sandbox on port 0, and one run of the stand-alone binary.
 
 use std::sync::Arc;

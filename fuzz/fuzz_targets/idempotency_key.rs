@@ -1,4 +1,4 @@
-//! `IdempotencyKey::parse` on any header bytes (SPEC §5.1): it never panics;
+//! `IdempotencyKey::parse` on any header bytes: it never panics;
 //! a key it returns is 1-255 visible ASCII characters, the text as sent or
 //! the text inside the quotes; and the bare and quoted forms of one text are
 //! one key.

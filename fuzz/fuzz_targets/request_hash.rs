@@ -1,4 +1,4 @@
-//! `RequestHash::of` is injective across its framing (SPEC §5.3): two
+//! `RequestHash::of` is injective across its framing: two
 //! different (method, path, body) triples never hash alike. SHA-256 itself is
 //! not what is tested; the framing is. So the second triple is mostly made
 //! from the same bytes as the first, cut at other places: every way to move

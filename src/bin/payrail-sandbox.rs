@@ -1,4 +1,4 @@
-//! `payrail-sandbox`: the Payrail double (SPEC §7) as a stand-alone server, for
+//! `payrail-sandbox`: the Payrail double as a stand-alone server, for
 //! compose and for running the service against a sandbox it does not own.
 //!
 //! stdout carries exactly one line, `payrail-sandbox listening on

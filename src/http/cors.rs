@@ -1,4 +1,4 @@
-//! CORS for the buyer's browser (SPEC §8): only the origins in
+//! CORS for the buyer's browser: only the origins in
 //! `http.cors_origins` may call the API from a page of their own, with the
 //! three request headers a checkout needs, and they may read the three
 //! response headers a retrying client acts on.

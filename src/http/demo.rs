@@ -1,4 +1,4 @@
-//! The reference checkout page (SPEC §8) at `/demo/`: one static HTML file,
+//! The reference checkout page at `/demo/`: one static HTML file,
 //! compiled in, public. It holds no secret and reaches no data by itself; the
 //! API calls it makes carry the bearer token the buyer pastes (or hands over
 //! with `?token=`), so it needs no authentication of its own.

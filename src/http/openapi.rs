@@ -75,7 +75,7 @@ pub enum ServerFailures {
     Unavailable(ProblemDetails),
 }
 
-/// Declares the HS256 bearer token (SPEC §3) that the handlers require.
+/// Declares the HS256 bearer token that the handlers require.
 struct BearerAuth;
 
 impl Modify for BearerAuth {

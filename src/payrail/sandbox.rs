@@ -1,5 +1,5 @@
 //! The Payrail sandbox: a small, real HTTP server that behaves like the Payrail
-//! payment provider (SPEC §7), for local runs, compose, tests and benchmarks.
+//! payment provider, for local runs, compose, tests and benchmarks.
 //!
 //! It keeps the one promise the checkout builds on: a repeated
 //! `Idempotency-Key` with the same body gets the first answer again, byte for

@@ -1,5 +1,6 @@
 //! Payrail misbehaving for real (sandbox faults and test cards): each test
-//! causes the failure, then checks the outcome the buyer sees and SPEC §9.
+//! causes the failure, then checks the outcome the buyer sees and the
+//! invariants.
 
 use std::time::Duration;
 

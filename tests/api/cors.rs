@@ -1,4 +1,4 @@
-//! Browser clients (SPEC §8): CORS for the configured origins only, and the
+//! Browser clients: CORS for the configured origins only, and the
 //! public demo page.
 
 use reqwest::header::HeaderMap;

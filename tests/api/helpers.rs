@@ -120,7 +120,7 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     settings.payrail.timeout_ms = 1_000;
     settings.payrail.breaker_failures = 1_000;
     settings.demo.seed = false;
-    // The idempotency suites run in both lock modes (SPEC §5.7).
+    // The idempotency suites run in both lock modes (table, Redis gate).
     if std::env::var("STAGEDOOR_TEST_LOCK").as_deref() == Ok("redis") {
         settings.idempotency.lock = LockMode::Redis;
     }

@@ -1,4 +1,5 @@
-//! Every row of SPEC §5.3, against the real table.
+//! Every outcome of a keyed request (first, replay, 409 in progress, 422
+//! reused, and their order of precedence), against the real table.
 
 use std::time::Duration;
 

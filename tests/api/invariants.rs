@@ -1,9 +1,9 @@
-//! SPEC §9, checked at the end of tests by the same checker as the chaos run
-//! (`tests/chaos/spec9.rs`), against the test's database and the sandbox's
-//! ledger (the truth about charges).
+//! The invariants (README, "What always holds"), checked at the end of tests
+//! by the same checker as the chaos run (`tests/chaos/invariants.rs`), against
+//! the test's database and the sandbox's ledger (the truth about charges).
 
-#[path = "../chaos/spec9.rs"]
-mod spec9;
+#[path = "../chaos/invariants.rs"]
+mod checker;
 
 use crate::helpers::TestApp;
 
@@ -11,10 +11,10 @@ use crate::helpers::TestApp;
 pub async fn assert_invariants(app: &TestApp) {
     let db = app.db.client().await;
     let ledger = app.charges().await;
-    let violations = spec9::violations(&db, &ledger).await;
+    let violations = checker::violations(&db, &ledger).await;
     assert!(
         violations.is_empty(),
-        "SPEC §9 violations:\n  {}",
+        "invariants violated:\n  {}",
         violations.join("\n  ")
     );
 }

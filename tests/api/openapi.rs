@@ -24,10 +24,10 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/orders/{order_id}"),
 ];
 
-/// Served, but a browser page rather than API (SPEC §8): not in the document.
+/// Served, but a browser page rather than API: not in the document.
 const PAGES: &[(&str, &str)] = &[("GET", "/demo/"), ("GET", "/demo")];
 
-/// The only routes that need no bearer token (SPEC §3).
+/// The only routes that need no bearer token.
 const OPEN: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];
 
 const METHODS: &[&str] = &[

@@ -1,4 +1,4 @@
-//! The Redis gate of SPEC §5.7 (`idempotency.lock = redis`): in front of the
+//! The Redis gate (`idempotency.lock = redis`): in front of the
 //! table, never instead of it. The rest of the suite runs in this mode too
 //! with `STAGEDOOR_TEST_LOCK=redis` (see `.ci/run`).
 

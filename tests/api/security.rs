@@ -450,7 +450,7 @@ async fn the_scheme_is_accepted_as_bearer_or_lowercase_bearer() {
 }
 
 // ---------------------------------------------------------------------------
-// One buyer against another (SPEC §9.4)
+// One buyer against another (invariant 4)
 
 #[tokio::test]
 async fn no_other_buyer_can_read_alices_order_however_the_id_is_spelled() {
@@ -592,7 +592,7 @@ async fn bob_can_neither_release_nor_order_alices_hold() {
         assert_eq!(seen.status, 409, "{holds:?}");
         assert_eq!(seen.problem(), "hold-unavailable", "{holds:?}");
     }
-    // The two 409s are stored answers (SPEC §5.4); nothing else changed.
+    // The two 409s are stored answers (4xx are stored); nothing else changed.
     assert_eq!(
         rows(&app).await,
         Rows {
@@ -823,7 +823,7 @@ async fn delete_hold_at(app: &TestApp, segment: &str) -> Response {
 async fn an_idempotency_key_made_of_sql_is_stored_literally_and_replays() {
     let app = spawn_app().await;
     let seats = app.seed("show", 6, 2500).await;
-    // Visible ASCII, so valid keys (SPEC §5.1): data, never syntax.
+    // Visible ASCII, so valid keys: data, never syntax.
     let keys = [
         "'OR'1'='1'--",
         "';DROP/**/TABLE/**/idempotency_keys;--",

@@ -103,7 +103,7 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// An answer to the intent (§4's outcome table): stored and replayed.
+    /// An answer to the intent (a 2xx or 4xx outcome): stored and replayed.
     pub fn is_final(&self) -> bool {
         matches!(
             (self.status, self.slug.as_deref()),

@@ -1,14 +1,15 @@
-//! The checker of SPEC §9 against the two sources of truth: the service's
-//! database and Payrail's ledger (`GET /v1/sandbox/charges`). It needs
-//! nothing but a `tokio_postgres::Client` and the ledger's JSON, so any test
-//! binary can include it (`#[path = "…/spec9.rs"] mod spec9;`). Each
-//! violation names the rows involved.
+//! The checker of the invariants (README, "What always holds") against the
+//! two sources of truth: the service's database and Payrail's ledger
+//! (`GET /v1/sandbox/charges`). It needs nothing but a `tokio_postgres::Client`
+//! and the ledger's JSON, so any test binary can include it
+//! (`#[path = "…/invariants.rs"] mod invariants;`). Each violation names the
+//! rows involved.
 //!
-//! Checked: one order per key (§9.1); every charge belongs to exactly one
+//! Checked: one order per key (1); every charge belongs to exactly one
 //! order of its key, with the same amount, charged once, and a succeeded
-//! charge's order is paid, a declined charge's order declined (§9.2, so run
+//! charge's order is paid, a declined charge's order declined (2, so run
 //! it after reconciliation has settled what it can); no paid order without a
-//! succeeded charge; no seat in two live holds or orders (§9.5); a paid
+//! succeeded charge; no seat in two live holds or orders (5); a paid
 //! order owns all its holds and a declined one none; and every answer stored
 //! on an order's key agrees with that order, headers included. Replays are
 //! compared byte for byte where they are received (the tests' and the chaos
