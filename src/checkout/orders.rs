@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::idempotency::{store, Claim, Finished, Media, StoredResponse};
+use crate::idempotency::{store, Claim, Finished, StoredResponse};
 use crate::payrail::{self, Charge, ChargeOutcome};
 use crate::problem::Problem;
 
@@ -178,6 +178,7 @@ async fn settle_claimed(
     order.status = status.to_owned();
     order.charge_id = charge_id.cloned();
     let answer = order.answer();
+    let (answer_status, answer_body, is_problem, locates_order) = answer.row_values();
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
@@ -210,10 +211,10 @@ async fn settle_claimed(
                 &claim.user_id,
                 &claim.key.as_str(),
                 &claim.token,
-                &(answer.status as i16),
-                &answer.body,
-                &(answer.media == Media::Problem),
-                &answer.created_order.is_some(),
+                &answer_status,
+                &answer_body,
+                &is_problem,
+                &locates_order,
             ],
         )
         .await?;

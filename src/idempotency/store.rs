@@ -58,6 +58,17 @@ impl StoredResponse {
         self.created_order
             .map(|order_id| format!("/orders/{order_id}"))
     }
+
+    /// The answer as a key row keeps it: `response_status`, `response_body`,
+    /// `response_is_problem` and `response_locates_order`, in that order.
+    pub(crate) fn row_values(&self) -> (i16, &[u8], bool, bool) {
+        (
+            self.status as i16,
+            &self.body,
+            self.media == Media::Problem,
+            self.created_order.is_some(),
+        )
+    }
 }
 
 /// The right to do the work of one intent, until the lease runs out.
@@ -289,6 +300,7 @@ async fn store_response(
     response: &StoredResponse,
 ) -> Result<bool, DbError> {
     let statement = client.prepare_cached(sql).await?;
+    let (status, body, is_problem, locates_order) = response.row_values();
     let stored = client
         .execute(
             &statement,
@@ -296,10 +308,10 @@ async fn store_response(
                 &user_id,
                 &key,
                 fence,
-                &(response.status as i16),
-                &response.body,
-                &(response.media == Media::Problem),
-                &response.created_order.is_some(),
+                &status,
+                &body,
+                &is_problem,
+                &locates_order,
             ],
         )
         .await?;

@@ -163,23 +163,9 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         .await
         .expect("keys")
     {
-        let (user, key, code, problem, located, order_id, status): (
-            String,
-            String,
-            i16,
-            bool,
-            bool,
-            String,
-            String,
-        ) = (
-            row.get(0),
-            row.get(1),
-            row.get(2),
-            row.get(3),
-            row.get(4),
-            row.get(5),
-            row.get(6),
-        );
+        let (user, key, order_id): (String, String, String) = (row.get(0), row.get(1), row.get(5));
+        let (code, problem, located, status): (i16, bool, bool, String) =
+            (row.get(2), row.get(3), row.get(4), row.get(6));
         if !matches!(
             (code, problem, located, status.as_str()),
             (201, false, true, "paid") | (402, true, false, "declined")
