@@ -52,13 +52,28 @@ fn is_unavailable_state(code: &str) -> bool {
     code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
 }
 
+/// A server option every pooled connection starts with.
+const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
+
 pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
     tokio_postgres::Config::from_str(settings.url.expose_secret()).map_err(DbError::Url)
 }
 
 pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
+    let mut config = pg_config(settings)?;
+    // Every statement the service prepares finds its rows by key, so a plan
+    // made for the actual parameters is never better than the generic one,
+    // but PostgreSQL keeps re-planning a statement whose custom plans look
+    // cheaper (an array parameter's real length, a CASE on a parameter):
+    // the order statement's planning cost more than its execution.
+    let options = [config.get_options(), Some(GENERIC_PLANS)]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ");
+    config.options(&options);
     let manager = Manager::from_config(
-        pg_config(settings)?,
+        config,
         NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,

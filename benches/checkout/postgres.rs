@@ -21,6 +21,7 @@ const SERVER_OPTIONS: &[&str] = &[
     "max_wal_size=4GB",
     "shared_preload_libraries=pg_stat_statements",
     "pg_stat_statements.track_utility=on",
+    "pg_stat_statements.track_planning=on",
 ];
 
 pub struct Server {

@@ -171,7 +171,8 @@ pub async fn orders(bench: &mut Bench) {
             .query(
                 "SELECT s.calls, round(s.mean_exec_time::numeric, 4)::float8,
                         round(s.total_exec_time::numeric, 1)::float8,
-                        regexp_replace(s.query, '\\s+', ' ', 'g')
+                        regexp_replace(s.query, '\\s+', ' ', 'g'),
+                        s.plans, round(s.mean_plan_time::numeric, 4)::float8
                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                  WHERE d.datname = $1
                  ORDER BY s.calls DESC, s.total_exec_time DESC",
@@ -212,15 +213,19 @@ pub async fn orders(bench: &mut Bench) {
                     "per_order": (r.get::<_, i64>(0) as f64 / orders * 1000.0).round() / 1000.0,
                     "mean_ms": r.get::<_, f64>(1),
                     "total_ms": r.get::<_, f64>(2),
+                    "plans": r.get::<_, i64>(4),
+                    "mean_plan_ms": r.get::<_, f64>(5),
                     "query": query.chars().take(160).collect::<String>(),
                 })
             })
             .collect();
         for s in &statements {
             println!(
-                "    {:>6.3}/order  mean {:>7.4} ms  {}",
+                "    {:>6.3}/order  mean {:>7.4} ms  planned {:>6} times, mean {:>7.4} ms  {}",
                 s["per_order"].as_f64().unwrap_or(0.0),
                 s["mean_ms"].as_f64().unwrap_or(0.0),
+                s["plans"].as_i64().unwrap_or(0),
+                s["mean_plan_ms"].as_f64().unwrap_or(0.0),
                 s["query"]
                     .as_str()
                     .unwrap_or("")

@@ -16,6 +16,7 @@ mod metrics;
 mod migrations;
 mod openapi;
 mod orders;
+mod pool;
 mod redis_gate;
 mod seats;
 mod security;
