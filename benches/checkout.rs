@@ -14,6 +14,8 @@
 
 #[path = "checkout/capacity.rs"]
 mod capacity;
+#[path = "checkout/cpu.rs"]
+mod cpu;
 #[path = "checkout/fixtures.rs"]
 mod fixtures;
 #[path = "checkout/load.rs"]
@@ -168,6 +170,12 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
             .await
             .expect("pg_stat_statements");
     }
+    let backend: i32 = admin
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("backend pid")
+        .get(0);
+    cpu::watch_postgres(backend.unsigned_abs());
     let pg_version: String = admin
         .query_one("SHOW server_version", &[])
         .await

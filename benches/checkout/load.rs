@@ -12,6 +12,8 @@ use hdrhistogram::Histogram;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cpu;
+
 /// What one unit of work (a request, or a storm of them) came to.
 pub enum Sent {
     /// `n` requests answered as expected.
@@ -41,6 +43,8 @@ pub struct Stats {
     pub exhausted: bool,
     pub secs: f64,
     pub hist: Histogram<u64>,
+    /// CPU spent over the measured window (closed loops only).
+    pub cpu: cpu::Usage,
 }
 
 impl Stats {
@@ -84,6 +88,23 @@ impl Stats {
 }
 
 impl Stats {
+    /// "CPU per request: service 41 µs, PostgreSQL 38 µs, load generator 40 µs".
+    pub fn cpu_summary(&self) -> String {
+        let (server, postgres, load) = self.cpu.per_request_us(self.ok);
+        format!(
+            "CPU per request: service {server:.0} µs, PostgreSQL {postgres:.0} µs, \
+             load generator {load:.0} µs"
+        )
+    }
+
+    /// The same, for the JSON details.
+    pub fn cpu_json(&self) -> serde_json::Value {
+        let (server, postgres, load) = self.cpu.per_request_us(self.ok);
+        serde_json::json!({ "service_us": server, "postgres_us": postgres, "load_us": load })
+    }
+}
+
+impl Stats {
     /// Adds another run of the same kind (one side of an ABBA comparison).
     fn absorb(&mut self, other: Stats) {
         self.ok += other.ok;
@@ -96,6 +117,7 @@ impl Stats {
         self.exhausted |= other.exhausted;
         self.secs += other.secs;
         self.hist.add(&other.hist).expect("same bounds");
+        self.cpu += other.cpu;
     }
 }
 
@@ -208,6 +230,7 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
                 .unwrap_or_else(histogram),
+            cpu: cpu::Usage::default(),
         }
     }
 }
@@ -230,6 +253,12 @@ where
     let shared = Arc::new(Shared::default());
     let from = Instant::now() + warmup;
     let end = from + measure;
+    let window = tokio::spawn(async move {
+        tokio::time::sleep_until(from).await;
+        let start = cpu::Usage::now();
+        tokio::time::sleep_until(end).await;
+        cpu::Usage::now() - start
+    });
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
             let (send, shared) = (send.clone(), shared.clone());
@@ -259,7 +288,9 @@ where
     for worker in workers {
         worker.await.expect("a load worker");
     }
-    shared.stats(from, end)
+    let mut stats = shared.stats(from, end);
+    stats.cpu = window.await.expect("the CPU probe");
+    stats
 }
 
 /// Units started at a fixed `rate` per second until `stop` is cancelled (and

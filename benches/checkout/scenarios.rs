@@ -323,26 +323,18 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     let settings = bench.settings(LockMode::Table);
     let bare = servers::bare_select(&settings, fixtures::name(buyer), key.clone());
     let http = fixtures::client(CONCURRENCY);
-    let bare_send = {
-        let (http, url, expected) = (http.clone(), format!("{}/bare", bare.url), body.clone());
-        move || {
-            let (http, url, expected) = (http.clone(), url.clone(), expected.clone());
-            async move {
-                match http.get(&url).send().await {
-                    Ok(r) if r.status() == 200 => match r.bytes().await {
-                        Ok(b) if b[..] == expected[..] => Sent::Ok(1),
-                        Ok(_) => Sent::Status(1),
-                        Err(_) => Sent::Failed,
-                    },
-                    Ok(r) => Sent::Status(r.status().as_u16()),
-                    Err(_) => Sent::Failed,
-                }
-            }
-        }
-    };
-    let replay_send = {
-        let url = format!("{}/orders", app.url);
-        let auth = bench.buyers.auth[buyer].clone();
+    // Both servers get the replay's request, byte for byte, so that the load
+    // generator, which shares the cores with them, does the same work for
+    // each.
+    let auth = bench.buyers.auth[buyer].clone();
+    let send_to = |url: String, expected_status: u16, replayed: bool| {
+        let (http, auth, key, request, body) = (
+            http.clone(),
+            auth.clone(),
+            key.clone(),
+            request.clone(),
+            body.clone(),
+        );
         move || {
             let (http, url, auth, key, request, expected) = (
                 http.clone(),
@@ -365,16 +357,24 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
                     return Sent::Failed;
                 };
                 let status = response.status().as_u16();
-                let replayed = response.headers().contains_key("idempotent-replayed");
+                let marked = response.headers().contains_key("idempotent-replayed");
                 match response.bytes().await {
-                    Ok(b) if status == 201 && replayed && b[..] == expected[..] => Sent::Ok(1),
-                    Ok(_) if status == 201 => Sent::Status(1),
+                    Ok(b)
+                        if status == expected_status
+                            && marked == replayed
+                            && b[..] == expected[..] =>
+                    {
+                        Sent::Ok(1)
+                    }
+                    Ok(_) if status == expected_status => Sent::Status(1),
                     Ok(_) => Sent::Status(status),
                     Err(_) => Sent::Failed,
                 }
             }
         }
     };
+    let bare_send = send_to(format!("{}/bare", bare.url), 200, false);
+    let replay_send = send_to(format!("{}/orders", app.url), 201, true);
     let (bare_stats, replay_stats) = load::abba(
         bench.profile.pairs,
         CONCURRENCY,
@@ -386,7 +386,9 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     .await;
     bare.stop().await;
     println!("  bare SELECT: {}", bare_stats.summary());
+    println!("    {}", bare_stats.cpu_summary());
     println!("  replay: {}", replay_stats.summary());
+    println!("    {}", replay_stats.cpu_summary());
     bench.report.set("bare_select_rps", bare_stats.rps());
     bench.report.set("replay_rps", replay_stats.rps());
     bench.report.set("replay_p99_ms", replay_stats.p99_ms());
@@ -400,6 +402,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
             "bare_select_errors": bare_stats.errors(),
             "replay_errors": replay_stats.errors(),
             "stored_body_bytes": bench.replay.as_ref().map_or(0, |s| s.body.len()),
+            "cpu_per_request": { "bare_select": bare_stats.cpu_json(), "replay": replay_stats.cpu_json() },
         }),
     );
 }
@@ -433,10 +436,12 @@ pub async fn mirror(bench: &mut Bench) {
     .await;
     mirror.stop().await;
     println!("  with the key (POST /orders): {}", keyed.summary());
+    println!("    {}", keyed.cpu_summary());
     println!(
         "  key statements left out (orders::without_key): {}",
         keyless.summary()
     );
+    println!("    {}", keyless.cpu_summary());
     bench.report.set("order_rps_mirror", keyed.rps());
     bench.report.set("order_rps_no_idempotency", keyless.rps());
     bench
@@ -448,6 +453,7 @@ pub async fn mirror(bench: &mut Bench) {
             "keyed_p99_ms": keyed.p99_ms(),
             "no_idempotency_p99_ms": keyless.p99_ms(),
             "errors": [keyed.errors(), keyless.errors()],
+            "cpu_per_request": { "keyed": keyed.cpu_json(), "no_idempotency": keyless.cpu_json() },
         }),
     );
 }

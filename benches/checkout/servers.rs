@@ -98,7 +98,8 @@ impl Plain {
 /// The ceiling for a one-query request on this stack: actix-web with the
 /// same worker count, a deadpool built by `db::pool` (same size, same
 /// recycling), one prepared, indexed SELECT of a stored answer by its
-/// primary key, its bytes as the body. No auth, no middleware.
+/// primary key, its bytes as the body. No auth, no middleware; the request
+/// (a `POST`, the replay's own) is taken and not looked at.
 pub fn bare_select(settings: &Settings, user_id: String, key: String) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
     let row = web::Data::new((pool, user_id, key));
@@ -107,7 +108,7 @@ pub fn bare_select(settings: &Settings, user_id: String, key: String) -> Plain {
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(row.clone())
-            .route("/bare", web::get().to(bare))
+            .route("/bare", web::post().to(bare))
     })
     .disable_signals()
     .shutdown_timeout(1);

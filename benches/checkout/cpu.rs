@@ -1,0 +1,123 @@
+//! Where the CPU went in a measured window, so that a ratio between two
+//! servers can be split into its parts: the bench process's threads by kind
+//! (actix workers serve; tokio workers generate the load) and PostgreSQL's
+//! processes, from the kernel's run time of each thread (`schedstat`, in
+//! nanoseconds). Linux only; elsewhere every figure is zero.
+
+use std::fs;
+use std::ops::{AddAssign, Sub};
+use std::sync::OnceLock;
+
+static POSTMASTER: OnceLock<u32> = OnceLock::new();
+
+/// Counts PostgreSQL's processes in from now on: the postmaster of this
+/// backend (`pg_backend_pid()`) and its children, when it runs here.
+pub fn watch_postgres(backend: u32) {
+    if let Some(postmaster) = parent(backend) {
+        let _ = POSTMASTER.set(postmaster);
+    }
+}
+
+/// CPU time in nanoseconds, by who spent it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// actix workers: the servers under load (and the in-process sandbox),
+    /// with their database connections' tasks.
+    pub server: u64,
+    /// tokio workers of the bench's runtime: the load generator.
+    pub load: u64,
+    /// The postmaster and every process it started.
+    pub postgres: u64,
+}
+
+impl Usage {
+    pub fn now() -> Self {
+        let mut usage = Usage::default();
+        for (comm, nanos) in threads("/proc/self/task") {
+            if comm.starts_with("actix-server") {
+                usage.server += nanos;
+            } else if comm.starts_with("tokio-rt") {
+                usage.load += nanos;
+            }
+        }
+        if let Some(&postmaster) = POSTMASTER.get() {
+            usage.postgres = postgres(postmaster);
+        }
+        usage
+    }
+
+    /// Microseconds per request of each part: (server, PostgreSQL, load).
+    pub fn per_request_us(&self, requests: u64) -> (f64, f64, f64) {
+        let per = |nanos: u64| nanos as f64 / 1000.0 / requests.max(1) as f64;
+        (per(self.server), per(self.postgres), per(self.load))
+    }
+}
+
+impl Sub for Usage {
+    type Output = Usage;
+
+    fn sub(self, earlier: Usage) -> Usage {
+        Usage {
+            server: self.server.saturating_sub(earlier.server),
+            load: self.load.saturating_sub(earlier.load),
+            postgres: self.postgres.saturating_sub(earlier.postgres),
+        }
+    }
+}
+
+impl AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.server += other.server;
+        self.load += other.load;
+        self.postgres += other.postgres;
+    }
+}
+
+/// Each thread under a `task` directory: its name and run time.
+fn threads(dir: &str) -> Vec<(String, u64)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let comm = fs::read_to_string(path.join("comm")).ok()?;
+            Some((comm.trim().to_owned(), run_time(&path.join("schedstat"))?))
+        })
+        .collect()
+}
+
+/// The postmaster's run time and its children's (PostgreSQL's processes
+/// are single-threaded; a backend that exits takes its time with it).
+fn postgres(postmaster: u32) -> u64 {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let ours = pid == postmaster || parent(pid) == Some(postmaster);
+            ours.then(|| run_time(&entry.path().join("schedstat")))
+                .flatten()
+        })
+        .sum()
+}
+
+fn parent(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name, in parentheses, may hold spaces; the fields after it don't.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The first field of `schedstat`: nanoseconds spent running.
+fn run_time(path: &std::path::Path) -> Option<u64> {
+    fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
