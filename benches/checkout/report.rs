@@ -48,6 +48,8 @@ const ORDER: &[&str] = &[
     "replay_rps",
     "replay_p99_ms",
     "replay_ratio",
+    "bare_claim_rps",
+    "replay_ratio_same_statement",
     "order_rps",
     "order_p50_ms",
     "order_p99_ms",

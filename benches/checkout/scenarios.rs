@@ -10,11 +10,12 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 use stagedoor_checkout::config::LockMode;
+use stagedoor_checkout::idempotency::{IdempotencyKey, RequestHash};
 use uuid::Uuid;
 
 use crate::fixtures::{self, order_body, Buyers, Holds};
 use crate::load::{self, Sent};
-use crate::servers::{self, RunningApp};
+use crate::servers::{self, BareQuery, Replayed, RunningApp};
 use crate::{postgres, Bench};
 
 /// Concurrency of the fixed-concurrency runs.
@@ -293,10 +294,10 @@ async fn commits(monitor: &tokio_postgres::Client, database: &str) -> i64 {
         .get(0)
 }
 
-/// One stored 201, replayed at 64 concurrency, beside the bare one-SELECT
-/// server reading the same row.
+/// One stored 201, replayed at 64 concurrency, beside the bare servers
+/// reading the same row: by a SELECT, then by the replay's own statement.
 pub async fn replay(bench: &mut Bench, app: &RunningApp) {
-    println!("\n== replay: one stored 201 replayed, {CONCURRENCY} concurrent; bare SELECT baseline, alternating");
+    println!("\n== replay: one stored 201 replayed, {CONCURRENCY} concurrent; bare baselines, alternating");
     let holds = bench.factory.holds(1).await;
     let (buyer, hold) = holds.take().expect("a hold");
     let key = Uuid::new_v4().to_string();
@@ -321,7 +322,6 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     });
 
     let settings = bench.settings(LockMode::Table);
-    let bare = servers::bare_select(&settings, fixtures::name(buyer), key.clone());
     let http = fixtures::client(CONCURRENCY);
     // Both servers get the replay's request, byte for byte, so that the load
     // generator, which shares the cores with them, does the same work for
@@ -373,36 +373,64 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
             }
         }
     };
-    let bare_send = send_to(format!("{}/bare", bare.url), 200, false);
-    let replay_send = send_to(format!("{}/orders", app.url), 201, true);
-    let (bare_stats, replay_stats) = load::abba(
-        bench.profile.pairs,
-        CONCURRENCY,
-        SEGMENT_WARMUP,
-        bench.profile.segment,
-        bare_send,
-        replay_send,
-    )
-    .await;
-    bare.stop().await;
-    println!("  bare SELECT: {}", bare_stats.summary());
-    println!("    {}", bare_stats.cpu_summary());
-    println!("  replay: {}", replay_stats.summary());
-    println!("    {}", replay_stats.cpu_summary());
+    // The replay beside each baseline in turn: the bare SELECT bounds a
+    // one-query request; the bare server running the replay's own statement
+    // tells the statement's cost from the HTTP stack's.
+    let mut pairings = Vec::new();
+    for (query, name) in [
+        (BareQuery::Select, "bare SELECT"),
+        (BareQuery::Claim, "bare store::begin"),
+    ] {
+        let replayed = Replayed {
+            user_id: fixtures::name(buyer),
+            key: IdempotencyKey::parse(key.as_bytes()).expect("a valid key"),
+            hash: RequestHash::of("POST", "/orders", request.as_bytes()),
+        };
+        let bare = servers::bare(&settings, query, replayed);
+        let (bare_stats, replay_stats) = load::abba(
+            bench.profile.pairs,
+            CONCURRENCY,
+            SEGMENT_WARMUP,
+            bench.profile.segment,
+            send_to(format!("{}/bare", bare.url), 200, false),
+            send_to(format!("{}/orders", app.url), 201, true),
+        )
+        .await;
+        bare.stop().await;
+        println!("  {name}: {}", bare_stats.summary());
+        println!("    {}", bare_stats.cpu_summary());
+        println!("  replay: {}", replay_stats.summary());
+        println!("    {}", replay_stats.cpu_summary());
+        pairings.push((bare_stats, replay_stats));
+    }
+    let [(bare_stats, replay_stats), (claim_stats, replay_again)] =
+        <[_; 2]>::try_from(pairings).unwrap_or_else(|_| unreachable!("two pairings"));
     bench.report.set("bare_select_rps", bare_stats.rps());
     bench.report.set("replay_rps", replay_stats.rps());
     bench.report.set("replay_p99_ms", replay_stats.p99_ms());
     bench
         .report
         .set("replay_ratio", replay_stats.rps() / bare_stats.rps());
+    bench.report.set("bare_claim_rps", claim_stats.rps());
+    bench.report.set(
+        "replay_ratio_same_statement",
+        replay_again.rps() / claim_stats.rps(),
+    );
     bench.report.detail(
         "replay",
         json!({
             "bare_select_p99_ms": bare_stats.p99_ms(),
             "bare_select_errors": bare_stats.errors(),
-            "replay_errors": replay_stats.errors(),
+            "bare_claim_errors": claim_stats.errors(),
+            "replay_errors": replay_stats.errors() + replay_again.errors(),
+            "replay_rps_beside_bare_claim": replay_again.rps(),
             "stored_body_bytes": bench.replay.as_ref().map_or(0, |s| s.body.len()),
-            "cpu_per_request": { "bare_select": bare_stats.cpu_json(), "replay": replay_stats.cpu_json() },
+            "cpu_per_request": {
+                "bare_select": bare_stats.cpu_json(),
+                "replay": replay_stats.cpu_json(),
+                "bare_claim": claim_stats.cpu_json(),
+                "replay_beside_bare_claim": replay_again.cpu_json(),
+            },
         }),
     );
 }

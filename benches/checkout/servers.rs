@@ -1,5 +1,5 @@
 //! The servers under load: the real `Application` (in-process, port 0),
-//! the bare one-SELECT baseline, the "mirror" that adds the key-less order
+//! the bare one-query baselines, the "mirror" that adds the key-less order
 //! route to the service's own HTTP stack, and the real binary as a process
 //! of its own (for its memory).
 
@@ -18,8 +18,8 @@ use stagedoor_checkout::auth::Tokens;
 use stagedoor_checkout::checkout::orders::{without_key, OrderRequest};
 use stagedoor_checkout::config::{LockMode, Settings};
 use stagedoor_checkout::http::{self, AppState, Buyer};
-use stagedoor_checkout::idempotency::store::KeyPolicy;
-use stagedoor_checkout::idempotency::Gate;
+use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
+use stagedoor_checkout::idempotency::{Begin, Gate, IdempotencyKey, RequestHash};
 use stagedoor_checkout::problem::Problem;
 use stagedoor_checkout::startup::Application;
 use stagedoor_checkout::{db, payrail, telemetry};
@@ -95,20 +95,42 @@ impl Plain {
     }
 }
 
-/// The ceiling for a one-query request on this stack: actix-web with the
-/// same worker count, a deadpool built by `db::pool` (same size, same
-/// recycling), one prepared, indexed SELECT of a stored answer by its
-/// primary key, its bytes as the body. No auth, no middleware; the request
-/// (a `POST`, the replay's own) is taken and not looked at.
-pub fn bare_select(settings: &Settings, user_id: String, key: String) -> Plain {
+/// What the bare server runs for each request.
+#[derive(Clone, Copy)]
+pub enum BareQuery {
+    /// One prepared, indexed SELECT of the stored answer: the ceiling for a
+    /// one-query request on this stack.
+    Select,
+    /// The replay's own statement, `idempotency::store::begin`: the same
+    /// lookup, but inside an `INSERT … ON CONFLICT`, so that PostgreSQL runs
+    /// a data-modifying statement even when the row is there.
+    Claim,
+}
+
+/// The replay that the bare server answers: whose, which key, which request.
+pub struct Replayed {
+    pub user_id: String,
+    pub key: IdempotencyKey,
+    pub hash: RequestHash,
+}
+
+/// A minimal server: actix-web with the same worker count, a deadpool built
+/// by `db::pool` (same size, same recycling, same plans), one query per
+/// request, the stored answer's bytes as the body. No auth, no middleware;
+/// the request (a `POST`, the replay's own) is taken and not looked at.
+pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
-    let row = web::Data::new((pool, user_id, key));
+    let policy = KeyPolicy {
+        ttl: settings.idempotency.ttl(),
+        lease: settings.idempotency.lease(),
+    };
+    let state = web::Data::new((pool, query, replayed, policy));
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let mut server = HttpServer::new(move || {
         App::new()
-            .app_data(row.clone())
-            .route("/bare", web::post().to(bare))
+            .app_data(state.clone())
+            .route("/bare", web::post().to(bare_answer))
     })
     .disable_signals()
     .shutdown_timeout(1);
@@ -121,27 +143,42 @@ pub fn bare_select(settings: &Settings, user_id: String, key: String) -> Plain {
     Plain { url, handle }
 }
 
-async fn bare(row: web::Data<(Pool, String, String)>) -> HttpResponse {
-    let (pool, user_id, key) = row.get_ref();
+async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, KeyPolicy)>) -> HttpResponse {
+    let (pool, query, replayed, policy) = state.get_ref();
     let Ok(client) = pool.get().await else {
         return HttpResponse::ServiceUnavailable().finish();
     };
-    let statement = match client
-        .prepare_cached(
-            "SELECT response_status, response_body FROM idempotency_keys
-             WHERE user_id = $1 AND key = $2",
-        )
-        .await
-    {
-        Ok(statement) => statement,
-        Err(_) => return HttpResponse::InternalServerError().finish(),
+    let (user_id, key) = (replayed.user_id.as_str(), &replayed.key);
+    let body = match query {
+        BareQuery::Select => {
+            let statement = client
+                .prepare_cached(
+                    "SELECT response_status, response_body FROM idempotency_keys
+                     WHERE user_id = $1 AND key = $2",
+                )
+                .await;
+            match statement {
+                Ok(statement) => client
+                    .query_opt(&statement, &[&user_id, &key.as_str()])
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|row| row.get::<_, Vec<u8>>(1)),
+                Err(_) => None,
+            }
+        }
+        BareQuery::Claim => {
+            match store::begin(&client, *policy, user_id, key, &replayed.hash).await {
+                Ok(Begin::Replay(response)) => Some(response.body),
+                _ => None,
+            }
+        }
     };
-    match client.query_opt(&statement, &[user_id, key]).await {
-        Ok(Some(row)) => HttpResponse::Ok()
+    match body {
+        Some(body) => HttpResponse::Ok()
             .content_type("application/json")
-            .body(row.get::<_, Vec<u8>>(1)),
-        Ok(None) => HttpResponse::NotFound().finish(),
-        Err(_) => HttpResponse::InternalServerError().finish(),
+            .body(body),
+        None => HttpResponse::InternalServerError().finish(),
     }
 }
 
