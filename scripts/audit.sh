@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Dependency checks, offline:
+# Dependency checks, offline but for fetching the locked crates:
 #   - cargo audit: known vulnerabilities (RustSec) in Cargo.lock and in the fuzz
 #     crate's lockfile, against the advisory database snapshot vendored next to
 #     the clone (../shared/advisory-db; STAGEDOOR_ADVISORY_DB overrides);
@@ -28,6 +28,14 @@ if [ ! -d "$db/crates" ]; then
     exit 1
 fi
 echo "advisory database: $(head -c 120 "$db/SNAPSHOT" 2>/dev/null || echo "$db")"
+
+# Both tools read every locked crate, for every platform, from cargo's local
+# registry: a build fetches only this platform's, so fetch the rest (from the
+# registry, the one network this needs) before the offline checks.
+cargo fetch --locked --quiet
+if [ -f fuzz/Cargo.lock ]; then
+    cargo fetch --locked --quiet --manifest-path fuzz/Cargo.toml
+fi
 
 echo "--- cargo audit: Cargo.lock"
 cargo audit --db "$db" --no-fetch --deny warnings
