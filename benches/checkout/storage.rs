@@ -77,6 +77,29 @@ pub async fn key_rows(bench: &mut Bench) {
         indexes as f64 / all as f64
     );
     println!("  updates: {updated}, of which HOT {hot}");
+    // How full the indexes' leaf pages are, then the same indexes rebuilt:
+    // what the run's history (page splits, entries of non-HOT updates that
+    // VACUUM removed from pages it cannot give back) adds to a row.
+    let leaves = index_leaves(&client).await;
+    client
+        .batch_execute("REINDEX TABLE idempotency_keys")
+        .await
+        .expect("reindex");
+    let rebuilt: i64 = client
+        .query_one("SELECT pg_indexes_size('idempotency_keys')", &[])
+        .await
+        .expect("index size")
+        .get(0);
+    let per_row_rebuilt = (total - indexes + rebuilt) as f64 / all as f64;
+    println!(
+        "  index leaf density {}; rebuilt: indexes {:.0} bytes a row, {per_row_rebuilt:.0} in all",
+        leaves
+            .iter()
+            .map(|(name, density)| format!("{name} {density:.0} %"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        rebuilt as f64 / all as f64
+    );
     bench.report.set("key_row_bytes", per_row);
     bench.report.set("key_body_bytes", body);
     bench.report.detail(
@@ -85,12 +108,43 @@ pub async fn key_rows(bench: &mut Bench) {
             "rows": all, "rows_201": rows, "heap_bytes_per_row": heap as f64 / all as f64,
             "index_bytes_per_row": indexes as f64 / all as f64, "tuple_bytes": tuple,
             "updates": updated, "hot_updates": hot,
+            "index_leaf_density_percent": leaves
+                .iter()
+                .map(|(name, density)| (name.clone(), json!(density)))
+                .collect::<serde_json::Map<_, _>>(),
+            "index_bytes_per_row_rebuilt": rebuilt as f64 / all as f64,
+            "key_row_bytes_rebuilt": per_row_rebuilt,
             "column_bytes": {
                 "user_id": column(0), "key": column(1), "request_hash": column(2),
                 "order_id": column(3), "response_body": column(4),
             },
         }),
     );
+}
+
+/// Each index of the key table and its leaf pages' average fill, in percent
+/// (`pgstattuple`'s `pgstatindex`); empty where the extension is missing.
+async fn index_leaves(client: &tokio_postgres::Client) -> Vec<(String, f64)> {
+    if client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .await
+        .is_err()
+    {
+        return Vec::new();
+    }
+    client
+        .query(
+            "SELECT i.indexrelid::regclass::text, (pgstatindex(i.indexrelid::regclass)).avg_leaf_density
+             FROM pg_index i WHERE i.indrelid = 'idempotency_keys'::regclass ORDER BY 1",
+            &[],
+        )
+        .await
+        .map(|rows| {
+            rows.iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, f64>(1)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Expired keys inserted by SQL, then deleted by `Cleanup::run` on the
