@@ -273,8 +273,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
 
     // The end: no more faults or kills. Every click without an answer is
     // retried with its own key until it has one.
-    let http = reqwest::Client::new();
-    monkey.set_faults(&http, &sandbox.url, &json!({})).await;
+    monkey.set_faults(&sandbox.url, &json!({})).await;
     monkey.revive(&services).await;
     let unanswered = clicks.iter().filter(|c| c.final_answer().is_none()).count();
     monkey.say(&format!(
@@ -296,7 +295,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         .await;
     monkey.say(&format!("replayed {swept} answered clicks"));
 
-    let ledger: Vec<Value> = http
+    let ledger: Vec<Value> = reqwest::Client::new()
         .get(format!("{}/v1/sandbox/charges", sandbox.url))
         .send()
         .await

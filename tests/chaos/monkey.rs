@@ -17,6 +17,10 @@ const RESTART_WITHIN: Duration = Duration::from_secs(60);
 
 pub struct Monkey {
     started: Instant,
+    /// For the sandbox's fault switch. No idle connection is kept: the
+    /// sandbox closes one after 5 s, and a switch every 3-6 s would now and
+    /// then write into one it is closing.
+    control: reqwest::Client,
     pub kills: AtomicU64,
     pub db_restarts: AtomicU64,
     pub fault_changes: AtomicU64,
@@ -28,6 +32,10 @@ impl Monkey {
     pub fn new(started: Instant) -> Self {
         Self {
             started,
+            control: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("an HTTP client"),
             kills: AtomicU64::new(0),
             db_restarts: AtomicU64::new(0),
             fault_changes: AtomicU64::new(0),
@@ -51,8 +59,9 @@ impl Monkey {
     }
 
     /// Sets the sandbox's faults; an error here is the harness's, so it panics.
-    pub async fn set_faults(&self, http: &reqwest::Client, sandbox: &str, faults: &Value) {
-        let response = http
+    pub async fn set_faults(&self, sandbox: &str, faults: &Value) {
+        let response = self
+            .control
             .post(format!("{sandbox}/v1/sandbox/faults"))
             .json(faults)
             .send()
@@ -67,7 +76,6 @@ impl Monkey {
 
     /// A new fault profile every 3-6 s until `until`, then none.
     pub async fn faults(self: Arc<Self>, sandbox: String, timeout_ms: u64, until: Instant) {
-        let http = reqwest::Client::new();
         let mut rng = Rng::seeded();
         while Instant::now() < until {
             let rate = |rng: &mut Rng| (rng.range(30, 100) as f64) / 100.0;
@@ -87,12 +95,12 @@ impl Monkey {
                     }),
                 ),
             };
-            self.set_faults(&http, &sandbox, &faults).await;
+            self.set_faults(&sandbox, &faults).await;
             self.fault_changes.fetch_add(1, Ordering::Relaxed);
             self.say(&format!("payrail faults: {name} {faults}"));
             sleep_until_or(until, Duration::from_millis(rng.range(3_000, 6_000))).await;
         }
-        self.set_faults(&http, &sandbox, &json!({})).await;
+        self.set_faults(&sandbox, &json!({})).await;
         self.say("payrail faults: off");
     }
 
