@@ -376,11 +376,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     // The replay beside each baseline in turn: the bare SELECT bounds a
     // one-query request; the bare server running the replay's own statement
     // tells the statement's cost from the HTTP stack's.
-    let mut pairings = Vec::new();
-    for (query, name) in [
-        (BareQuery::Select, "bare SELECT"),
-        (BareQuery::Claim, "bare store::begin"),
-    ] {
+    let beside = async |query: BareQuery, name: &str| {
         let replayed = Replayed {
             user_id: fixtures::name(buyer),
             key: IdempotencyKey::parse(key.as_bytes()).expect("a valid key"),
@@ -401,10 +397,10 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
         println!("    {}", bare_stats.cpu_summary());
         println!("  replay: {}", replay_stats.summary());
         println!("    {}", replay_stats.cpu_summary());
-        pairings.push((bare_stats, replay_stats));
-    }
-    let [(bare_stats, replay_stats), (claim_stats, replay_again)] =
-        <[_; 2]>::try_from(pairings).unwrap_or_else(|_| unreachable!("two pairings"));
+        (bare_stats, replay_stats)
+    };
+    let (bare_stats, replay_stats) = beside(BareQuery::Select, "bare SELECT").await;
+    let (claim_stats, replay_again) = beside(BareQuery::Claim, "bare store::begin").await;
     bench.report.set("bare_select_rps", bare_stats.rps());
     bench.report.set("replay_rps", replay_stats.rps());
     bench.report.set("replay_p99_ms", replay_stats.p99_ms());

@@ -40,6 +40,17 @@ fn database_url(name: &str) -> String {
     format!("postgres://{user}{password}@{host}:{port}/{name}")
 }
 
+/// The service's own pool (`db::pool`), one connection, to `url`.
+pub fn pool(url: &str) -> deadpool_postgres::Pool {
+    stagedoor_checkout::db::pool(&stagedoor_checkout::config::DatabaseSettings {
+        url: SecretString::from(url.to_owned()),
+        pool_size: 1,
+        create_if_missing: false,
+        pool_timeout_ms: 5_000,
+    })
+    .expect("a pool")
+}
+
 /// A database that is dropped when the last test holding it ends.
 pub struct TestDatabase {
     pub name: String,

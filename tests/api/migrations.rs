@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use secrecy::SecretString;
-use stagedoor_checkout::config::DatabaseSettings;
 use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
 use stagedoor_checkout::idempotency::{Begin, IdempotencyKey, Media, RequestHash, StoredResponse};
 use uuid::Uuid;
 
-use crate::helpers::TestDatabase;
+use crate::helpers::{self, TestDatabase};
 
 #[tokio::test]
 async fn stored_answers_survive_the_compact_key_table() {
@@ -56,13 +54,7 @@ async fn stored_answers_survive_the_compact_key_table() {
         .await
         .unwrap();
 
-    let pool = stagedoor_checkout::db::pool(&DatabaseSettings {
-        url: SecretString::from(db.url.clone()),
-        pool_size: 1,
-        create_if_missing: false,
-        pool_timeout_ms: 5_000,
-    })
-    .unwrap();
+    let pool = helpers::pool(&db.url);
     let pooled = pool.get().await.unwrap();
     let policy = KeyPolicy {
         ttl: Duration::from_secs(86_400),
