@@ -30,14 +30,16 @@ mod scenarios;
 mod servers;
 #[path = "checkout/storage.rs"]
 mod storage;
+#[path = "checkout/without_key.rs"]
+mod without_key;
 
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use payrail_sandbox::Sandbox;
 use serde_json::json;
 use stagedoor_checkout::config::LockMode;
-use stagedoor_checkout::payrail::sandbox::Sandbox;
 
 use fixtures::{Buyers, Factory};
 use report::Report;

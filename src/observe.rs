@@ -97,8 +97,9 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
         .record(seconds);
 }
 
-pub fn idempotency(outcome: &'static str) {
-    counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
+/// The engine's outcome hook.
+pub fn idempotency(outcome: idempotency::Outcome) {
+    counter!("idempotency_outcomes_total", "outcome" => outcome.as_str()).increment(1);
 }
 
 pub fn payrail_attempt(outcome: &'static str, seconds: f64) {

@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotency::{IdempotencyKey, RequestHash};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 use stagedoor_checkout::config::LockMode;
-use stagedoor_checkout::idempotency::{IdempotencyKey, RequestHash};
 use uuid::Uuid;
 
 use crate::fixtures::{self, order_body, Buyers, Holds};
@@ -462,7 +462,7 @@ pub async fn mirror(bench: &mut Bench) {
     println!("  with the key (POST /orders): {}", keyed.summary());
     println!("    {}", keyed.cpu_summary());
     println!(
-        "  key statements left out (orders::without_key): {}",
+        "  key statements left out (benches/checkout/without_key.rs): {}",
         keyless.summary()
     );
     println!("    {}", keyless.cpu_summary());

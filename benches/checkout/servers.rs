@@ -6,23 +6,21 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use deadpool_postgres::Pool;
+use idempotency::{store, Begin, IdempotencyKey, Policy, RequestHash};
 use secrecy::SecretString;
-use stagedoor_checkout::auth::Tokens;
-use stagedoor_checkout::checkout::orders::{without_key, OrderRequest};
+use serde::Deserialize;
 use stagedoor_checkout::config::{LockMode, Settings};
 use stagedoor_checkout::http::{self, AppState, Buyer};
-use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
-use stagedoor_checkout::idempotency::{Begin, Gate, IdempotencyKey, RequestHash};
-use stagedoor_checkout::problem::Problem;
-use stagedoor_checkout::startup::Application;
+use stagedoor_checkout::startup::{self, Application};
 use stagedoor_checkout::{db, payrail, telemetry};
+
+use crate::without_key;
 
 pub const API_KEY: &str = "sk_test_stagedoor";
 
@@ -120,7 +118,7 @@ pub struct Replayed {
 /// the request (a `POST`, the replay's own) is taken and not looked at.
 pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
-    let policy = KeyPolicy {
+    let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
     };
@@ -143,7 +141,7 @@ pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain 
     Plain { url, handle }
 }
 
-async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, KeyPolicy)>) -> HttpResponse {
+async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Policy)>) -> HttpResponse {
     let (pool, query, replayed, policy) = state.get_ref();
     let Ok(client) = pool.get().await else {
         return HttpResponse::ServiceUnavailable().finish();
@@ -190,23 +188,15 @@ async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, KeyPolicy)>) -
 /// the comparison differs in the key and nothing else.
 pub async fn mirror(settings: &Settings) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
-    let state = web::Data::new(AppState {
-        pool,
-        payrail: Arc::new(
-            payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
-                .expect("payrail client"),
-        ),
-        tokens: Tokens::new(&settings.auth.jwt_secret).expect("tokens"),
-        gate: Gate::connect(&settings.idempotency, &settings.redis)
+    let state = web::Data::new(
+        startup::state(settings, pool, &settings.payrail.base_url)
             .await
-            .expect("gate"),
-        keys: KeyPolicy {
-            ttl: settings.idempotency.ttl(),
-            lease: settings.idempotency.lease(),
-        },
-        hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
-        max_body_bytes: settings.http.max_body_bytes,
-    });
+            .expect("the service's state"),
+    );
+    let payrail = web::Data::new(
+        payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
+            .expect("payrail client"),
+    );
     let cors_origins = settings.http.cors_origins.clone();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -216,6 +206,7 @@ pub async fn mirror(settings: &Settings) -> Plain {
             .wrap(http::bare_refusals_as_problems())
             .wrap(from_fn(telemetry::log_request))
             .app_data(state.clone())
+            .app_data(payrail.clone())
             .route(
                 "/bench/orders-without-key",
                 web::post().to(order_without_key),
@@ -234,23 +225,42 @@ pub async fn mirror(settings: &Settings) -> Plain {
     Plain { url, handle }
 }
 
+#[derive(Deserialize)]
+struct OrderBody {
+    hold_ids: Vec<i64>,
+    payment_method: String,
+}
+
 async fn order_without_key(
     state: web::Data<AppState>,
+    payrail: web::Data<payrail::Client>,
     buyer: Buyer,
     body: web::Bytes,
-) -> Result<HttpResponse, Problem> {
-    let request: OrderRequest = serde_json::from_slice(&body)
-        .map_err(|e| Problem::InvalidRequest(format!("the body is not the expected JSON: {e}")))?;
-    let answer =
-        without_key::place(&state.pool, &state.payrail, buyer.0.as_str(), &request).await?;
-    let status = actix_web::http::StatusCode::from_u16(answer.status)
-        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::build(status);
-    response.content_type(answer.media.content_type());
-    if let Some(location) = answer.location() {
-        response.insert_header(("Location", location));
+) -> HttpResponse {
+    let Ok(OrderBody {
+        hold_ids,
+        payment_method,
+    }) = serde_json::from_slice(&body)
+    else {
+        return HttpResponse::BadRequest().finish();
+    };
+    match without_key::place(
+        &state.pool,
+        &payrail,
+        buyer.0.as_str(),
+        hold_ids,
+        &payment_method,
+    )
+    .await
+    {
+        Ok((status, body)) => HttpResponse::build(
+            actix_web::http::StatusCode::from_u16(status)
+                .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR),
+        )
+        .content_type("application/json")
+        .body(body),
+        Err(error) => HttpResponse::ServiceUnavailable().body(error),
     }
-    Ok(response.body(answer.body))
 }
 
 /// `stagedoor-checkout serve` as a process of its own, killed on drop.

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use payrail_sandbox::Sandbox;
 use reqwest::{RequestBuilder, Response};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::checkout::seats;
 use stagedoor_checkout::config::{LockMode, Settings};
-use stagedoor_checkout::payrail::sandbox::Sandbox;
 use stagedoor_checkout::startup::Application;
 use tokio_postgres::NoTls;
 use uuid::Uuid;

@@ -6,6 +6,7 @@ mod bad_input;
 mod bad_night;
 mod cli;
 mod cors;
+mod crash;
 mod expiry;
 mod health;
 mod helpers;

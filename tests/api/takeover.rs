@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
+use idempotency::store;
+use idempotency::{Begin, Done, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
-use stagedoor_checkout::checkout::orders::{self, OrderRequest};
-use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
-use stagedoor_checkout::idempotency::{
-    Begin, Finished, IdempotencyKey, RequestHash, StoredResponse,
-};
-use stagedoor_checkout::payrail;
+use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
+use stagedoor_checkout::{http, payrail};
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
 use crate::invariants::assert_invariants;
@@ -119,15 +117,16 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let hold = app.hold("alice", seats[0]).await;
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
-    let policy = KeyPolicy {
+    let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer);
+    let policy = Policy {
         ttl: Duration::from_secs(3600),
         lease: Duration::from_secs(1),
     };
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let request: OrderRequest = serde_json::from_str(&body).unwrap();
-    let client = pool.get().await.unwrap();
+    let request = NewOrder::parse(vec![hold], "pm_card_visa").unwrap();
+    let mut client = pool.get().await.unwrap();
 
     let Begin::Claimed(paused) = store::begin(&client, policy, "alice", &key, &hash)
         .await
@@ -144,20 +143,18 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     };
 
     // The paused request wakes up: its writes are fenced off.
-    let fenced = orders::place(&pool, &payrail, &paused, &request)
-        .await
-        .unwrap();
-    assert!(matches!(fenced, Finished::Fenced));
+    let fenced = orders.place(&paused, &request).await.unwrap();
+    assert!(matches!(fenced, Done::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
-    let stale = StoredResponse::json(200, b"stale".to_vec());
-    assert!(!store::complete(&client, &paused, &stale).await.unwrap());
+    let stale = StoredResponse::new(200, "text/plain", b"stale".to_vec());
+    let unit = paused.unit(&mut client).await.unwrap();
+    assert_eq!(unit.store(&stale).await.unwrap(), Fence::Lost);
+    unit.rollback().await.unwrap();
     assert!(!store::release(&client, &paused).await.unwrap());
 
     // The taker does the work once.
-    let done = orders::place(&pool, &payrail, &taker, &request)
-        .await
-        .unwrap();
-    assert!(matches!(done, Finished::Stored(ref r) if r.status == 201));
+    let done = orders.place(&taker, &request).await.unwrap();
+    assert!(matches!(done, Done::Stored(ref r) if r.status == 201));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(app.charges().await.len(), 1);
     assert_invariants(&app).await;

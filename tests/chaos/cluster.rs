@@ -302,6 +302,19 @@ fn postgres_bindir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin"))
 }
 
+/// The `payrail-sandbox` binary, a crate of its own: built beside the
+/// service's (`cargo build --release -p payrail-sandbox`, as `.ci/run` does).
+fn sandbox_binary() -> PathBuf {
+    let service = Path::new(env!("CARGO_BIN_EXE_stagedoor-checkout"));
+    let sandbox = service.with_file_name("payrail-sandbox");
+    assert!(
+        sandbox.exists(),
+        "{} is missing: run `cargo build --release -p payrail-sandbox` first",
+        sandbox.display()
+    );
+    sandbox
+}
+
 /// The stand-alone `payrail-sandbox`, killed on drop.
 pub struct SandboxProcess {
     pub url: String,
@@ -312,7 +325,7 @@ pub struct SandboxProcess {
 impl SandboxProcess {
     pub async fn spawn(scratch: &Path) -> Self {
         let stderr = scratch.join("payrail-sandbox.stderr");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payrail-sandbox"))
+        let mut child = tokio::process::Command::new(sandbox_binary())
             .args(["--port", "0", "--api-key", API_KEY])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

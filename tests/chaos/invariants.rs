@@ -154,9 +154,9 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
     // 201 naming it in `Location`, or a 402 problem naming nothing.
     for row in db
         .query(
-            "SELECT k.user_id, k.key, k.response_status, k.response_is_problem,
-                    k.response_locates_order, o.order_id::text, o.status
-             FROM idempotency_keys k JOIN orders o ON o.order_id = k.order_id
+            "SELECT k.user_id, k.key, k.response_status, k.response_content_type,
+                    k.response_location, o.order_id::text, o.status
+             FROM idempotency_keys k JOIN orders o ON o.order_id::text = k.effect
              WHERE k.response_status IS NOT NULL",
             &[],
         )
@@ -164,14 +164,17 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         .expect("keys")
     {
         let (user, key, order_id): (String, String, String) = (row.get(0), row.get(1), row.get(5));
-        let (code, problem, located, status): (i16, bool, bool, String) =
+        let (code, media, location, status): (i16, String, Option<String>, String) =
             (row.get(2), row.get(3), row.get(4), row.get(6));
-        if !matches!(
-            (code, problem, located, status.as_str()),
-            (201, false, true, "paid") | (402, true, false, "declined")
-        ) {
+        let names_the_order = location.as_deref() == Some(format!("/orders/{order_id}").as_str());
+        let agrees = match (code, status.as_str()) {
+            (201, "paid") => media == "application/json" && names_the_order,
+            (402, "declined") => media == "application/problem+json" && location.is_none(),
+            _ => false,
+        };
+        if !agrees {
             found.push(format!(
-                "key {user}/{key} stored {code} (problem {problem}, Location {located}) \
+                "key {user}/{key} stored {code} ({media}, Location {location:?}) \
                  but order {order_id} is {status}"
             ));
         }
