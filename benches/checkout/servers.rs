@@ -183,7 +183,7 @@ async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Policy)>) -> H
 /// The service's HTTP stack as `Application::build` assembles it (the same
 /// middleware, state, routes and worker count; no jobs, no embedded
 /// sandbox), plus `POST /bench/orders-without-key`, which runs the order
-/// flow with the key statements left out (`orders::without_key`). Both the
+/// flow with the key statements left out (`without_key.rs`). Both the
 /// keyed `POST /orders` and the key-less route are measured on it, so that
 /// the comparison differs in the key and nothing else.
 pub async fn mirror(settings: &Settings) -> Plain {
