@@ -90,6 +90,8 @@ pub struct IdempotencySettings {
     pub cleanup_interval_secs: u64,
     /// How long an in-progress key belongs to the request that claimed it.
     pub lease_secs: u64,
+    /// The longest a `Prefer: wait` request waits for the holder's answer.
+    pub max_wait_secs: u64,
     pub lock: LockMode,
 }
 

@@ -143,10 +143,12 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     Ok(AppState {
         engine: Engine::new(pool.clone(), policy)
             .with_gate(gate)
-            .on_outcome(observe::idempotency),
+            .on_outcome(observe::idempotency)
+            .on_wait(observe::idempotency_wait),
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
         pool,
         tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
+        max_wait_secs: settings.idempotency.max_wait_secs,
         hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
         max_body_bytes: settings.http.max_body_bytes,
     })

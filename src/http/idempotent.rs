@@ -2,8 +2,11 @@
 //! the body bytes in; out, the stored answer, a 409/422, or the work done
 //! once with its answer stored. Any endpoint uses it the same way.
 
+use std::time::Duration;
+
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse};
-use idempotency::{actix, Claim, Done, IdempotencyKey};
+use idempotency::{actix, Claim, Done, IdempotencyKey, WaitOutcome};
 
 use super::problem::Problem;
 use super::AppState;
@@ -30,13 +33,32 @@ where
     Fut: std::future::Future<Output = Result<Done, CheckoutError>>,
 {
     let hash = actix::fingerprint(req, body);
-    let reply = state
+    // `Prefer: wait=N` (RFC 7240): a retry that finds its click still in
+    // progress waits for the answer instead of a 409, up to the configured
+    // longest wait.
+    let wait = actix::preferred_wait(req).map(|asked| asked.min(state.max_wait_secs));
+    let ran = state
         .engine
-        .run(buyer.as_str(), &key, &hash, |claim| async move {
-            answer_or_fail(work(claim).await)
-        })
+        .run_waiting(
+            buyer.as_str(),
+            &key,
+            &hash,
+            Duration::from_secs(wait.unwrap_or(0)),
+            |claim| async move { answer_or_fail(work(claim).await) },
+        )
         .await?;
-    Ok(actix::respond(reply)?)
+    let applied = ran
+        .waited
+        .is_some_and(|(outcome, _)| outcome != WaitOutcome::TimedOut);
+    let mut response = actix::respond(ran.reply)?;
+    if let (true, Some(secs)) = (applied, wait) {
+        response.headers_mut().insert(
+            HeaderName::from_static("preference-applied"),
+            HeaderValue::from_str(&format!("wait={secs}"))
+                .unwrap_or(HeaderValue::from_static("wait")),
+        );
+    }
+    Ok(response)
 }
 
 /// A domain refusal (a 4xx) is the intent's answer, stored like any other;

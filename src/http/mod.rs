@@ -38,6 +38,8 @@ pub struct AppState {
     pub engine: Engine,
     pub orders: Orders,
     pub tokens: Tokens,
+    /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).
+    pub max_wait_secs: u64,
     pub hold_ttl: Duration,
     pub max_body_bytes: usize,
 }

@@ -23,3 +23,4 @@ mod seats;
 mod security;
 mod storm;
 mod takeover;
+mod waiting;

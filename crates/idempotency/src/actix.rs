@@ -68,3 +68,53 @@ pub fn response_of(response: &StoredResponse, replayed: bool) -> HttpResponse {
     }
     builder.body(response.body.clone())
 }
+
+/// The header that says a preference was honoured (RFC 7240).
+pub const PREFERENCE_APPLIED: &str = "Preference-Applied";
+
+/// The seconds a `Prefer: wait=N` header asks for (RFC 7240; any number of
+/// `Prefer` headers, preferences separated by commas, names in any case, a
+/// quoted value allowed). `None` when no valid `wait` is asked for: an
+/// unknown or malformed preference is ignored, as the RFC says.
+pub fn preferred_wait(req: &HttpRequest) -> Option<u64> {
+    req.headers()
+        .get_all("Prefer")
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .find_map(|preference| {
+            let preference = preference.split(';').next()?.trim();
+            let (name, value) = preference.split_once('=')?;
+            if !name.trim().eq_ignore_ascii_case("wait") {
+                return None;
+            }
+            value.trim().trim_matches('"').parse().ok()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::test::TestRequest;
+
+    use super::preferred_wait;
+
+    #[test]
+    fn prefer_wait_is_read_as_rfc_7240_writes_it() {
+        let cases: [(&[&str], Option<u64>); 8] = [
+            (&["wait=5"], Some(5)),
+            (&["respond-async, wait=10"], Some(10)),
+            (&["WAIT = 3"], Some(3)),
+            (&["wait=\"7\""], Some(7)),
+            (&["handling=lenient", "wait=2;x=y"], Some(2)),
+            (&["wait=-1"], None),
+            (&["wait=soon"], None),
+            (&["return=minimal"], None),
+        ];
+        for (headers, want) in cases {
+            let mut req = TestRequest::default();
+            for header in headers {
+                req = req.append_header(("Prefer", *header));
+            }
+            assert_eq!(preferred_wait(&req.to_http_request()), want, "{headers:?}");
+        }
+    }
+}

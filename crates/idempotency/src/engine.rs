@@ -9,6 +9,7 @@ use deadpool_postgres::Pool;
 
 use crate::store::{self, Begin};
 use crate::unit::{self, Committed, Fence};
+use crate::wait::{WaitOutcome, Waiters};
 use crate::{Error, Gate, IdempotencyKey, RequestHash, StoredResponse};
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
@@ -43,6 +44,16 @@ pub enum ClaimKind {
     Expired,
     /// The key was in progress past its lease: this claim finishes the intent.
     Abandoned,
+}
+
+impl ClaimKind {
+    fn outcome(self) -> Outcome {
+        match self {
+            ClaimKind::First => Outcome::First,
+            ClaimKind::Expired => Outcome::ExpiredTakeover,
+            ClaimKind::Abandoned => Outcome::LeaseTakeover,
+        }
+    }
 }
 
 /// How the work of a claim ended, as the work reports it.
@@ -127,11 +138,7 @@ impl Outcome {
 
     fn of(begun: &Begin) -> Self {
         match begun {
-            Begin::Claimed(claim) => match claim.kind {
-                ClaimKind::First => Outcome::First,
-                ClaimKind::Expired => Outcome::ExpiredTakeover,
-                ClaimKind::Abandoned => Outcome::LeaseTakeover,
-            },
+            Begin::Claimed(claim) => claim.kind.outcome(),
             Begin::Replay(_) => Outcome::Replay,
             Begin::InProgress => Outcome::InProgress,
             Begin::KeyReused => Outcome::KeyReused,
@@ -144,10 +151,12 @@ impl Outcome {
 /// Redis gate, and a hook that sees every [`Outcome`].
 #[derive(Clone)]
 pub struct Engine {
-    pool: Pool,
-    policy: Policy,
-    gate: Gate,
+    pub(crate) pool: Pool,
+    pub(crate) policy: Policy,
+    pub(crate) gate: Gate,
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
+    pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
+    pub(crate) waiters: Waiters,
 }
 
 impl Engine {
@@ -157,6 +166,8 @@ impl Engine {
             policy,
             gate: Gate::Table,
             observe: Arc::new(|_| {}),
+            observe_wait: Arc::new(|_, _| {}),
+            waiters: Waiters::default(),
         }
     }
 
@@ -169,6 +180,15 @@ impl Engine {
     /// Calls `observe` with what the key decided, once per request.
     pub fn on_outcome(mut self, observe: impl Fn(Outcome) + Send + Sync + 'static) -> Self {
         self.observe = Arc::new(observe);
+        self
+    }
+
+    /// Calls `observe` with how each wait ended and how long it took.
+    pub fn on_wait(
+        mut self,
+        observe: impl Fn(WaitOutcome, Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.observe_wait = Arc::new(observe);
         self
     }
 
@@ -190,25 +210,58 @@ impl Engine {
         W: FnOnce(Claim) -> Fut,
         Fut: Future<Output = Result<Done, E>>,
     {
+        let ran = self
+            .run_waiting(user_id, key, hash, Duration::ZERO, work)
+            .await?;
+        Ok(ran.reply)
+    }
+
+    /// Claims the key, or reads what it holds: through the gate when there
+    /// is one. Also says whether this request holds the gate now.
+    pub(crate) async fn decide(
+        &self,
+        user_id: &str,
+        key: &IdempotencyKey,
+        hash: &RequestHash,
+    ) -> Result<(Begin, bool), Error> {
         let admitted = self.gate.enter(user_id, key, self.policy.lease).await;
-        let begun = {
-            let client = self.pool.get().await.map_err(Error::from)?;
-            if admitted {
-                store::begin(&client, self.policy, user_id, key, hash).await?
-            } else {
-                store::current(&client, self.policy, user_id, key, hash).await?
-            }
+        let client = self.pool.get().await?;
+        let begun = if admitted {
+            store::begin(&client, self.policy, user_id, key, hash).await?
+        } else {
+            store::current(&client, self.policy, user_id, key, hash).await?
         };
+        Ok((begun, admitted))
+    }
+
+    /// What the key decided for a request that does not get to do the work;
+    /// the gate, if this request took it, is given back.
+    pub(crate) async fn decided(
+        &self,
+        begun: Begin,
+        admitted: bool,
+        user_id: &str,
+        key: &IdempotencyKey,
+    ) -> Reply {
         (self.observe)(Outcome::of(&begun));
-        let claim = match begun {
-            Begin::Claimed(claim) => claim,
-            other => {
-                if admitted {
-                    self.gate.leave(user_id, key).await;
-                }
-                return Ok(reply(other));
-            }
-        };
+        if admitted {
+            self.gate.leave(user_id, key).await;
+        }
+        reply(begun)
+    }
+
+    /// Does the work of a claim and stores its answer.
+    pub(crate) async fn work<W, Fut, E>(
+        &self,
+        claim: Claim,
+        hash: &RequestHash,
+        work: W,
+    ) -> Result<Reply, RunError<E>>
+    where
+        W: FnOnce(Claim) -> Fut,
+        Fut: Future<Output = Result<Done, E>>,
+    {
+        (self.observe)(claim.kind.outcome());
         let finished = work(claim.clone()).await;
         let fenced = matches!(finished, Ok(Done::Fenced));
         let answer = match finished {

@@ -120,6 +120,7 @@ mod migrate; // the key table's own migrations
 mod response; // what is stored and replayed
 pub mod store; // the claim side of the key table
 mod unit; // the atomic step: effect and key state in one transaction
+mod wait; // waiting for another request's answer
 
 pub use cleanup::Cleanup;
 pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunError};
@@ -131,6 +132,7 @@ pub use migrate::{migrate, HISTORY_TABLE};
 pub use response::StoredResponse;
 pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
+pub use wait::{Ran, WaitOutcome};
 
 /// Opens one connection outside any pool (migrations, tools), driven by a
 /// task of its own.
