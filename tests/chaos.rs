@@ -21,8 +21,6 @@
 
 #[path = "chaos/cluster.rs"]
 mod cluster;
-#[path = "chaos/invariants.rs"]
-mod invariants;
 #[path = "chaos/load.rs"]
 mod load;
 #[path = "chaos/monkey.rs"]
@@ -36,6 +34,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::config::Settings;
+use test_support::invariants;
 use tokio_postgres::NoTls;
 
 use cluster::{Postgres, SandboxProcess, Scratch, Services, API_KEY};
