@@ -284,23 +284,46 @@ impl Shop {
         }
     }
 
-    /// `POST /orders` with exactly these body bytes, to instance `instance`.
-    async fn post_order(&self, buyer: usize, key: &str, body: &str, instance: usize) -> Sent {
+    /// Sends `method path` to instance `instance` as `buyer` (`build` adds
+    /// the rest), counted as a request and in `kind`, and reads the answer.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        buyer: usize,
+        instance: usize,
+        kind: &AtomicU64,
+        build: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Sent {
         bump(&self.stats.requests);
-        bump(&self.stats.order_posts);
-        let sent = self
+        bump(kind);
+        let request = self
             .http
-            .post(format!("{}/orders", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .header("Idempotency-Key", key)
-            .header("Content-Type", "application/json")
-            .body(body.to_owned())
-            .send()
-            .await;
-        let sent = match sent {
+            .request(method, format!("{}{path}", self.urls[instance]))
+            .bearer_auth(&self.tokens[buyer]);
+        match build(request).send().await {
             Ok(response) => self.read(response, instance).await,
             Err(error) => self.failed(&error, instance),
-        };
+        }
+    }
+
+    /// `POST /orders` with exactly these body bytes, to instance `instance`.
+    async fn post_order(&self, buyer: usize, key: &str, body: &str, instance: usize) -> Sent {
+        let sent = self
+            .send(
+                reqwest::Method::POST,
+                "/orders",
+                buyer,
+                instance,
+                &self.stats.order_posts,
+                |request| {
+                    request
+                        .header("Idempotency-Key", key)
+                        .header("Content-Type", "application/json")
+                        .body(body.to_owned())
+                },
+            )
+            .await;
         if let Sent::Answer(answer) = &sent {
             if answer.status == 201 {
                 bump(&self.stats.created);
@@ -310,34 +333,22 @@ impl Shop {
     }
 
     async fn get(&self, buyer: usize, path: &str, instance: usize) -> Sent {
-        bump(&self.stats.requests);
-        bump(&self.stats.reads);
-        let sent = self
-            .http
-            .get(format!("{}{path}", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .send()
-            .await;
-        match sent {
-            Ok(response) => self.read(response, instance).await,
-            Err(error) => self.failed(&error, instance),
-        }
+        let reads = &self.stats.reads;
+        self.send(reqwest::Method::GET, path, buyer, instance, reads, |r| r)
+            .await
     }
 
     async fn post_hold(&self, buyer: usize, seat: i64, instance: usize) -> Sent {
-        bump(&self.stats.requests);
-        bump(&self.stats.hold_posts);
-        let sent = self
-            .http
-            .post(format!("{}/holds", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .json(&json!({ "seat_id": seat }))
-            .send()
-            .await;
-        match sent {
-            Ok(response) => self.read(response, instance).await,
-            Err(error) => self.failed(&error, instance),
-        }
+        let holds = &self.stats.hold_posts;
+        self.send(
+            reqwest::Method::POST,
+            "/holds",
+            buyer,
+            instance,
+            holds,
+            |r| r.json(&json!({ "seat_id": seat })),
+        )
+        .await
     }
 
     /// A hot seat: 3-6 buyers (this one among them) ask for one fresh seat
