@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use deadpool_postgres::Pool;
@@ -125,15 +126,30 @@ pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain 
         lease: settings.idempotency.lease(),
     };
     let state = web::Data::new((pool, query, replayed, policy));
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let mut server = HttpServer::new(move || {
+    serve(settings, move || {
         App::new()
             .app_data(state.clone())
             .route("/bare", web::post().to(bare_answer))
     })
-    .disable_signals()
-    .shutdown_timeout(1);
+}
+
+/// Serves `app` on a port of 127.0.0.1 with the service's worker count,
+/// signals left to the bench, in-flight requests given 1 s at the stop.
+fn serve<F, T, B>(settings: &Settings, app: F) -> Plain
+where
+    F: Fn() -> App<T> + Send + Clone + 'static,
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    B: MessageBody + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut server = HttpServer::new(app).disable_signals().shutdown_timeout(1);
     if settings.server.workers > 0 {
         server = server.workers(settings.server.workers);
     }
@@ -208,9 +224,7 @@ pub async fn mirror(settings: &Settings) -> Plain {
         max_body_bytes: settings.http.max_body_bytes,
     });
     let cors_origins = settings.http.cors_origins.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let mut server = HttpServer::new(move || {
+    serve(settings, move || {
         App::new()
             .wrap(http::cors::cors(&cors_origins))
             .wrap(http::bare_refusals_as_problems())
@@ -223,15 +237,6 @@ pub async fn mirror(settings: &Settings) -> Plain {
             .configure(http::routes)
             .default_service(web::to(http::not_found))
     })
-    .disable_signals()
-    .shutdown_timeout(1);
-    if settings.server.workers > 0 {
-        server = server.workers(settings.server.workers);
-    }
-    let server = server.listen(listener).expect("listen").run();
-    let handle = server.handle();
-    tokio::spawn(server);
-    Plain { url, handle }
 }
 
 async fn order_without_key(
