@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use test_support::process::ServiceProcess;
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen, TestApp};
 use crate::invariants::assert_invariants;
@@ -28,7 +29,7 @@ const STALL: &str = "
 /// Waits for the stalled write, SIGKILLs the process that sent it, ends
 /// the backend (its transaction rolls back, as after a crash of the
 /// database connection) and removes the stall.
-async fn crash_while_answering(app: &TestApp, service: &mut crate::helpers::ServiceProcess) {
+async fn crash_while_answering(app: &TestApp, service: &mut ServiceProcess) {
     let client = app.db.client().await;
     let mut stalled = None;
     for _ in 0..200 {
@@ -47,8 +48,7 @@ async fn crash_while_answering(app: &TestApp, service: &mut crate::helpers::Serv
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let pid = stalled.expect("the answer's write stalled");
-    service.child.start_kill().unwrap();
-    service.child.wait().await.unwrap();
+    service.kill().await;
     client
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
@@ -81,7 +81,7 @@ async fn a_hold_cut_off_before_its_answer_is_made_once_and_answered_201() {
 
     let in_flight = {
         let request = app
-            .as_buyer(app.http.post(format!("{}/holds", doomed.address)), "alice")
+            .as_buyer(app.http.post(format!("{}/holds", doomed.url())), "alice")
             .header("Idempotency-Key", key.clone())
             .json(&serde_json::json!({ "seat_id": seats[0] }));
         tokio::spawn(async move { request.send().await })
@@ -140,7 +140,7 @@ async fn an_order_cut_off_before_its_answer_is_resumed_and_charged_once() {
 
     let in_flight = {
         let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.address)), "alice")
+            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
             .header("Idempotency-Key", key.clone())
             .body(order_body(&[hold], "pm_card_visa"));
         tokio::spawn(async move { request.send().await })

@@ -27,7 +27,7 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
 
     let in_flight = {
         let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.address)), "alice")
+            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
             .header("Idempotency-Key", key.clone())
             .body(order_body(&[hold], "pm_card_visa"));
         tokio::spawn(async move { request.send().await })
@@ -39,8 +39,7 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    doomed.child.start_kill().unwrap();
-    doomed.child.wait().await.unwrap();
+    doomed.kill().await.expect("killed");
     assert!(
         in_flight.await.unwrap().is_err(),
         "the client lost its answer"
@@ -170,10 +169,7 @@ async fn sigterm_lets_an_in_flight_order_finish_and_exits_zero() {
 
     let in_flight = {
         let request = app
-            .as_buyer(
-                app.http.post(format!("{}/orders", service.address)),
-                "alice",
-            )
+            .as_buyer(app.http.post(format!("{}/orders", service.url())), "alice")
             .header("Idempotency-Key", new_key())
             .body(order_body(&[hold], "pm_card_visa"));
         tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
@@ -182,15 +178,15 @@ async fn sigterm_lets_an_in_flight_order_finish_and_exits_zero() {
     service.signal("TERM");
     let seen = in_flight.await.unwrap();
     assert_eq!(seen.status, 201, "the in-flight order finished");
-    let status = tokio::time::timeout(Duration::from_secs(15), service.child.wait())
+    let status = service
+        .wait(Duration::from_secs(15))
         .await
-        .expect("exits after draining")
-        .unwrap();
+        .expect("exits after draining");
     assert!(status.success(), "{status}");
     // Stopped accepting: nothing listens any more.
     assert!(app
         .http
-        .get(format!("{}/healthz", service.address))
+        .get(format!("{}/healthz", service.url()))
         .send()
         .await
         .is_err());

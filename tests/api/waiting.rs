@@ -208,7 +208,7 @@ async fn a_waiter_whose_holder_is_killed_takes_over_and_charges_once() {
     let key = new_key();
     let in_flight = {
         let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.address)), "alice")
+            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
             .header("Idempotency-Key", key.clone())
             .body(order_body(&[hold], "pm_card_visa"));
         tokio::spawn(async move { request.send().await })
@@ -222,8 +222,7 @@ async fn a_waiter_whose_holder_is_killed_takes_over_and_charges_once() {
     let waiter = order_waiting(&app, &key, hold, 10);
     let kill = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        doomed.child.start_kill().unwrap();
-        doomed.child.wait().await.unwrap();
+        doomed.kill().await;
         app.set_faults(json!({})).await;
     };
     let (response, ()) = tokio::join!(waiter, kill);
