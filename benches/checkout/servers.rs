@@ -258,12 +258,7 @@ async fn order_without_key(
     )
     .await
     {
-        Ok((status, body)) => HttpResponse::build(
-            actix_web::http::StatusCode::from_u16(status)
-                .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR),
-        )
-        .content_type("application/json")
-        .body(body),
+        Ok(answer) => idempotency::actix::response_of(&answer, false),
         Err(error) => HttpResponse::ServiceUnavailable().body(error),
     }
 }

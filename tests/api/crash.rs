@@ -79,13 +79,8 @@ async fn a_hold_cut_off_before_its_answer_is_made_once_and_answered_201() {
     let mut doomed = app.spawn_process().await;
     let key = new_key();
 
-    let in_flight = {
-        let request = app
-            .as_buyer(app.http.post(format!("{}/holds", doomed.url())), "alice")
-            .header("Idempotency-Key", key.clone())
-            .json(&serde_json::json!({ "seat_id": seats[0] }));
-        tokio::spawn(async move { request.send().await })
-    };
+    let body = serde_json::json!({ "seat_id": seats[0] }).to_string();
+    let in_flight = app.in_flight(&doomed, "/holds", &key, body);
     crash_while_answering(&app, &mut doomed).await;
     assert!(
         in_flight.await.unwrap().is_err(),
@@ -138,13 +133,12 @@ async fn an_order_cut_off_before_its_answer_is_resumed_and_charged_once() {
     let mut doomed = app.spawn_process().await;
     let key = new_key();
 
-    let in_flight = {
-        let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { request.send().await })
-    };
+    let in_flight = app.in_flight(
+        &doomed,
+        "/orders",
+        &key,
+        order_body(&[hold], "pm_card_visa"),
+    );
     crash_while_answering(&app, &mut doomed).await;
     assert!(
         in_flight.await.unwrap().is_err(),

@@ -222,6 +222,34 @@ impl TestApp {
         sandbox::ledger(&self.http, &self.sandbox.base_url()).await
     }
 
+    /// Waits (up to 2 s) until Payrail has made a charge, which it then
+    /// sits on for as long as its latency says: the moment to kill its caller.
+    pub async fn until_charged(&self) {
+        for _ in 0..100 {
+            if !self.charges().await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends `alice`'s keyed `POST path` with `body` to `instance` (another
+    /// process) in the background; its answer, if one ever comes.
+    pub fn in_flight(
+        &self,
+        instance: &ServiceProcess,
+        path: &str,
+        key: &str,
+        body: String,
+    ) -> tokio::task::JoinHandle<reqwest::Result<Response>> {
+        let request = self
+            .as_buyer(self.http.post(format!("{}{path}", instance.url())), "alice")
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body);
+        tokio::spawn(async move { request.send().await })
+    }
+
     pub async fn set_faults(&self, faults: Value) {
         sandbox::set_faults(&self.http, &self.sandbox.base_url(), &faults).await;
     }

@@ -25,20 +25,14 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
     app.set_faults(json!({"latency_ms": 3_000})).await;
     let key = new_key();
 
-    let in_flight = {
-        let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { request.send().await })
-    };
+    let in_flight = app.in_flight(
+        &doomed,
+        "/orders",
+        &key,
+        order_body(&[hold], "pm_card_visa"),
+    );
     // Payrail has made the charge and is sitting on its answer: kill -9.
-    for _ in 0..100 {
-        if !app.charges().await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.until_charged().await;
     doomed.kill().await.expect("killed");
     assert!(
         in_flight.await.unwrap().is_err(),

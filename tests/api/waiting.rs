@@ -206,19 +206,13 @@ async fn a_waiter_whose_holder_is_killed_takes_over_and_charges_once() {
     let mut doomed = app.spawn_process().await;
     app.set_faults(json!({"latency_ms": 3_000})).await;
     let key = new_key();
-    let in_flight = {
-        let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.url())), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { request.send().await })
-    };
-    for _ in 0..100 {
-        if !app.charges().await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let in_flight = app.in_flight(
+        &doomed,
+        "/orders",
+        &key,
+        order_body(&[hold], "pm_card_visa"),
+    );
+    app.until_charged().await;
     let waiter = order_waiting(&app, &key, hold, 10);
     let kill = async {
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -3,13 +3,13 @@
 //! (see `idempotency::Unit`), and Payrail between them with no transaction
 //! and no connection held.
 
-use idempotency::{Claim, Committed, Done};
+use deadpool_postgres::GenericClient;
+use idempotency::{Claim, Committed, Done, Fence};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{settle, NewOrder, Order, OrderStatus, Orders, CURRENCY};
 use crate::checkout::CheckoutError;
-use crate::db::DbError;
 
 impl Orders {
     /// Does the work of a claimed `POST /orders`. A refusal (holds
@@ -48,91 +48,110 @@ impl Orders {
         })
     }
 
-    /// Makes the order in one unit of the claim: the buyer's live holds are
-    /// locked in id order and claimed, the order is written, and the key is
-    /// linked to it (so that a takeover resumes it), all or nothing. `None`
-    /// when the claim was lost meanwhile.
+    /// Makes the order in one unit of the claim, linked to its key (so that
+    /// a takeover resumes it), all or nothing. `None` when the claim was
+    /// lost meanwhile.
     async fn create(
         &self,
         claim: &Claim,
         request: &NewOrder,
     ) -> Result<Option<Order>, CheckoutError> {
         let order_id = Uuid::new_v4();
+        let effect = order_id.to_string();
         let mut client = self.pool.get().await?;
         let unit = claim.unit(&mut client).await?;
-        let statement = unit
-            .tx()
-            .prepare_cached(
-                "WITH held AS (
-                     SELECT h.hold_id, s.label, s.price_cents
-                     FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-                     WHERE h.hold_id = ANY ($2) AND h.user_id = $3
-                       AND h.order_id IS NULL AND h.expires_at > now()
-                     ORDER BY h.hold_id
-                     FOR UPDATE OF h
-                 ), decision AS (
-                     SELECT (SELECT count(*) FROM held) = cardinality($2::bigint[]) AS all_held
-                 ), claimed AS (
-                     UPDATE holds SET order_id = $1
-                     WHERE hold_id IN (SELECT hold_id FROM held)
-                       AND (SELECT all_held FROM decision)
-                 ), inserted AS (
-                     INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
-                                         payment_method, hold_ids, seats, idempotency_key)
-                     SELECT $1, $3, 'payment_pending', sum(price_cents)::bigint, $5, $6, $2,
-                            array_agg(label ORDER BY array_position($2, hold_id)), $4
-                     FROM held
-                     HAVING (SELECT all_held FROM decision)
-                     RETURNING created_at, amount_cents, seats
-                 )
-                 SELECT d.all_held, i.created_at, i.amount_cents, i.seats
-                 FROM decision d LEFT JOIN inserted i ON true",
-            )
-            .await?;
-        let effect = order_id.to_string();
         // The link goes first and the order right behind it, in one round
         // trip; the unit commits only if both stand.
-        let (fence, row) = tokio::try_join!(
+        let (fence, order) = tokio::try_join!(
             async { unit.link(&effect).await.map_err(CheckoutError::from) },
-            async {
-                unit.tx()
-                    .query_one(
-                        &statement,
-                        &[
-                            &order_id,
-                            &request.hold_ids,
-                            &claim.user_id,
-                            &claim.key.as_str(),
-                            &CURRENCY,
-                            &request.payment_method.as_str(),
-                        ],
-                    )
-                    .await
-                    .map_err(CheckoutError::from)
-            },
-        )?;
-        if fence == idempotency::Fence::Held && !row.try_get::<_, bool>("all_held")? {
-            unit.rollback().await?;
-            return Err(CheckoutError::HoldUnavailable);
-        }
-        if unit.finish(fence).await? == Committed::Fenced {
-            return Ok(None);
-        }
-        Ok(Some(Order {
-            order_id,
-            status: OrderStatus::PaymentPending,
-            amount_cents: row.try_get("amount_cents")?,
-            currency: CURRENCY.to_owned(),
-            hold_ids: request.hold_ids.clone(),
-            seats: row.try_get("seats")?,
-            charge_id: None,
-            created_at: crate::checkout::rfc3339(
-                row.try_get::<_, OffsetDateTime>("created_at")
-                    .map_err(DbError::from)?,
+            insert_pending(
+                unit.tx(),
+                order_id,
+                &claim.user_id,
+                claim.key.as_str(),
+                request
             ),
-            payment_method: request.payment_method.clone(),
-            user_id: claim.user_id.clone(),
-            idempotency_key: claim.key.as_str().to_owned(),
-        }))
+        )?;
+        let order = match (fence, order) {
+            (Fence::Held, None) => {
+                unit.rollback().await?;
+                return Err(CheckoutError::HoldUnavailable);
+            }
+            (_, order) => order,
+        };
+        Ok(match unit.finish(fence).await? {
+            Committed::Done => order,
+            Committed::Fenced => None,
+        })
     }
+}
+
+/// Claims the buyer's live holds (locked in id order) and writes the
+/// `payment_pending` order for them, in one statement, all or nothing:
+/// `None` when a hold is unknown, not the buyer's, expired or in another
+/// order. `idempotency_key` is the click's, for reconciliation to find.
+pub async fn insert_pending(
+    client: &impl GenericClient,
+    order_id: Uuid,
+    user_id: &str,
+    idempotency_key: &str,
+    request: &NewOrder,
+) -> Result<Option<Order>, CheckoutError> {
+    let statement = client
+        .prepare_cached(
+            "WITH held AS (
+                 SELECT h.hold_id, s.label, s.price_cents
+                 FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+                 WHERE h.hold_id = ANY ($2) AND h.user_id = $3
+                   AND h.order_id IS NULL AND h.expires_at > now()
+                 ORDER BY h.hold_id
+                 FOR UPDATE OF h
+             ), decision AS (
+                 SELECT (SELECT count(*) FROM held) = cardinality($2::bigint[]) AS all_held
+             ), claimed AS (
+                 UPDATE holds SET order_id = $1
+                 WHERE hold_id IN (SELECT hold_id FROM held)
+                   AND (SELECT all_held FROM decision)
+             ), inserted AS (
+                 INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
+                                     payment_method, hold_ids, seats, idempotency_key)
+                 SELECT $1, $3, 'payment_pending', sum(price_cents)::bigint, $5, $6, $2,
+                        array_agg(label ORDER BY array_position($2, hold_id)), $4
+                 FROM held
+                 HAVING (SELECT all_held FROM decision)
+                 RETURNING created_at, amount_cents, seats
+             )
+             SELECT d.all_held, i.created_at, i.amount_cents, i.seats
+             FROM decision d LEFT JOIN inserted i ON true",
+        )
+        .await?;
+    let row = client
+        .query_one(
+            &statement,
+            &[
+                &order_id,
+                &request.hold_ids,
+                &user_id,
+                &idempotency_key,
+                &CURRENCY,
+                &request.payment_method.as_str(),
+            ],
+        )
+        .await?;
+    if !row.try_get::<_, bool>("all_held")? {
+        return Ok(None);
+    }
+    Ok(Some(Order {
+        order_id,
+        status: OrderStatus::PaymentPending,
+        amount_cents: row.try_get("amount_cents")?,
+        currency: CURRENCY.to_owned(),
+        hold_ids: request.hold_ids.clone(),
+        seats: row.try_get("seats")?,
+        charge_id: None,
+        created_at: crate::checkout::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
+        payment_method: request.payment_method.clone(),
+        user_id: user_id.to_owned(),
+        idempotency_key: idempotency_key.to_owned(),
+    }))
 }

@@ -55,10 +55,9 @@ impl Orders {
         order_id: Uuid,
         outcome: &ChargeOutcome,
     ) -> Result<(), CheckoutError> {
-        let (status, charge_id) = decision(outcome);
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let order = match settle(&tx, order_id, status, charge_id).await? {
+        let order = match record_decision(&tx, order_id, outcome).await? {
             Some(order) => order,
             // Someone else settled it first, with the same answer from Payrail.
             None => load(&tx, order_id).await?.ok_or_else(|| {
@@ -94,6 +93,19 @@ impl Orders {
         let outcome = self.payrail.charge(order_id, &order.charge()).await?;
         Ok(Some((order, outcome)))
     }
+}
+
+/// Records Payrail's decision on a pending order (a declined one gives its
+/// holds back) and returns the settled order; `None` when it was settled
+/// already. Stores no answer: that is the caller's, in the same
+/// transaction when there is a key to answer.
+pub async fn record_decision(
+    client: &impl GenericClient,
+    order_id: Uuid,
+    outcome: &ChargeOutcome,
+) -> Result<Option<Order>, crate::db::DbError> {
+    let (status, charge_id) = decision(outcome);
+    settle(client, order_id, status, charge_id).await
 }
 
 /// The order status and charge id that Payrail's decision means.
