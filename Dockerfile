@@ -1,4 +1,6 @@
-# Stagedoor checkout: one image with both binaries.
+# Stagedoor checkout: one image with both binaries, each built apart: the
+# service without the embedded Payrail sandbox (it cannot fake a charge), and
+# `payrail-sandbox` from its own crate for compose.
 #   docker build -t stagedoor-checkout .
 # ENTRYPOINT is the service (`serve` by default); the compose file runs
 # `payrail-sandbox` from the same image by overriding the entrypoint.
@@ -21,7 +23,8 @@ COPY --from=planner /app/recipe.json recipe.json
 # Dependencies only: cached until Cargo.toml or Cargo.lock change.
 RUN cargo chef cook --release --locked --recipe-path recipe.json
 COPY . .
-RUN cargo build --release --locked --bin stagedoor-checkout --bin payrail-sandbox
+RUN cargo build --release --locked --no-default-features --bin stagedoor-checkout \
+    && cargo build --release --locked -p payrail-sandbox
 
 FROM debian:bookworm-slim AS runtime
 # ca-certificates: the roots that Payrail's HTTPS certificate is checked

@@ -30,14 +30,17 @@ mod scenarios;
 mod servers;
 #[path = "checkout/storage.rs"]
 mod storage;
+#[path = "checkout/without_key.rs"]
+mod without_key;
 
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use payrail_sandbox::Sandbox;
 use serde_json::json;
 use stagedoor_checkout::config::LockMode;
-use stagedoor_checkout::payrail::sandbox::Sandbox;
+use test_support::sandbox;
 
 use fixtures::{Buyers, Factory};
 use report::Report;
@@ -104,14 +107,8 @@ impl Bench {
     }
 
     pub async fn set_latency(&self, latency_ms: u64) {
-        let response = self
-            .http
-            .post(format!("{}/v1/sandbox/faults", self.sandbox_url))
-            .json(&json!({ "latency_ms": latency_ms }))
-            .send()
-            .await
-            .expect("sandbox faults");
-        assert!(response.status().is_success(), "setting sandbox faults");
+        let faults = json!({ "latency_ms": latency_ms });
+        sandbox::set_faults(&self.http, &self.sandbox_url, &faults).await;
     }
 }
 
@@ -158,7 +155,7 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
         profile.name,
         load_before.trim()
     );
-    let (pg, fallback) = postgres::Server::start();
+    let (pg, fallback) = postgres::Server::start().await;
     let mut report = Report::default();
     if let Some(note) = fallback {
         report.note(note);
@@ -239,16 +236,6 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
         capacity::rss(&mut bench).await;
     }
     sandbox.stop().await;
-    if !bench.pg.is_throwaway() {
-        let admin = postgres::connect(&bench.pg.url("postgres")).await;
-        let drop = format!(
-            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-            bench.pg.database
-        );
-        if let Err(error) = admin.batch_execute(&drop).await {
-            eprintln!("bench: {drop}: {error}");
-        }
-    }
 
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=debug
-build_args=(--locked --bins)
+build_args=(--locked --workspace --bins)
 case "${1:-}" in
     --release) profile=release; build_args+=(--release) ;;
     "") ;;

@@ -90,6 +90,8 @@ pub struct IdempotencySettings {
     pub cleanup_interval_secs: u64,
     /// How long an in-progress key belongs to the request that claimed it.
     pub lease_secs: u64,
+    /// The longest a `Prefer: wait` request waits for the holder's answer.
+    pub max_wait_secs: u64,
     pub lock: LockMode,
 }
 
@@ -164,6 +166,15 @@ impl Settings {
                 reason: reason.to_owned(),
             })
         };
+        // First: whatever else is missing, a production that would fake its
+        // charges must be told so.
+        if self.is_production() && self.payrail.sandbox {
+            return invalid(
+                "payrail.sandbox",
+                "is true in production: the sandbox never moves money, so every order would \
+                 be \"paid\" without a charge; set payrail.base_url and payrail.sandbox = false",
+            );
+        }
         let secret = self.auth.jwt_secret.expose_secret();
         if secret.is_empty() {
             return invalid(
@@ -280,6 +291,15 @@ mod tests {
     fn production_refuses_to_start_without_a_secret() {
         let err = Settings::load_from(&config_dir(), "production").unwrap_err();
         assert!(err.to_string().contains("auth.jwt_secret"), "{err}");
+    }
+
+    #[test]
+    fn production_refuses_the_sandbox() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        settings.environment = "production".into();
+        settings.payrail.sandbox = true;
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("payrail.sandbox"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub enum DbError {
     Build(#[from] deadpool_postgres::BuildError),
     #[error("migrations failed")]
     Migrate(#[from] refinery::Error),
+    #[error("the idempotency engine")]
+    Engine(#[from] idempotency::Error),
 }
 
 impl DbError {
@@ -34,22 +36,11 @@ impl DbError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             DbError::Pool(_) => true,
-            DbError::Postgres(e) => {
-                e.is_closed()
-                    || e.code()
-                        .is_none_or(|code| is_unavailable_state(code.code()))
-            }
+            DbError::Postgres(e) => idempotency::is_unavailable(e),
+            DbError::Engine(e) => e.is_unavailable(),
             _ => false,
         }
     }
-}
-
-/// SQLSTATEs that mean "the server is going away or not there yet", not "the
-/// query is wrong": class 08 (connection exception), 57P01-57P03 (a
-/// restart's `terminating connection due to administrator command`, a crash,
-/// `the database system is starting up`) and 53300 (too many connections).
-fn is_unavailable_state(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
 }
 
 /// A server option every pooled connection starts with.
@@ -127,36 +118,29 @@ pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbErro
     }
 }
 
-/// Applies pending migrations. An advisory lock lets several instances start
-/// at once without running the same migration twice.
+/// Applies pending migrations: the service's, then the idempotency engine's
+/// (which finds the key table that the service's V3 made in its shape). An
+/// advisory lock lets several instances start at once without running the
+/// same migration twice.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     const MIGRATION_LOCK: i64 = 0x5354_4147_4544_4f4f; // "STAGEDOO"
     let mut client = connect(&pg_config(settings)?).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
-    let report = migrations::runner().run_async(&mut client).await;
+    let applied = apply_all(&mut client).await;
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
         .await?;
-    let applied = report?.applied_migrations().len();
+    let applied = applied?;
     if applied > 0 {
         tracing::info!(applied, "applied migrations");
     }
     Ok(applied)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::is_unavailable_state;
-
-    #[test]
-    fn a_server_going_away_is_unavailable_and_a_bad_query_is_not() {
-        for code in ["57P01", "57P02", "57P03", "08006", "08001", "53300"] {
-            assert!(is_unavailable_state(code), "{code}");
-        }
-        for code in ["23505", "42P01", "40001", "22P02"] {
-            assert!(!is_unavailable_state(code), "{code}");
-        }
-    }
+async fn apply_all(client: &mut tokio_postgres::Client) -> Result<usize, DbError> {
+    let service = migrations::runner().run_async(client).await?;
+    let engine = idempotency::migrate(client).await?;
+    Ok(service.applied_migrations().len() + engine)
 }

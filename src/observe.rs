@@ -49,6 +49,14 @@ fn describe() {
         "What the key row decided: first, replay, in_progress, key_reused, expired_takeover, lease_takeover"
     );
     describe_counter!(
+        "idempotency_waits_total",
+        "How Prefer: wait requests ended: answered, timed_out, took_over"
+    );
+    describe_histogram!(
+        "idempotency_wait_duration_seconds",
+        "How long Prefer: wait requests waited"
+    );
+    describe_counter!(
         "payrail_attempts_total",
         "Payrail charge attempts by outcome"
     );
@@ -97,8 +105,15 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
         .record(seconds);
 }
 
-pub fn idempotency(outcome: &'static str) {
-    counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
+/// The engine's outcome hook.
+pub fn idempotency(outcome: idempotency::Outcome) {
+    counter!("idempotency_outcomes_total", "outcome" => outcome.as_str()).increment(1);
+}
+
+/// The engine's wait hook: how a `Prefer: wait` request's wait ended.
+pub fn idempotency_wait(outcome: idempotency::WaitOutcome, waited: std::time::Duration) {
+    counter!("idempotency_waits_total", "outcome" => outcome.as_str()).increment(1);
+    histogram!("idempotency_wait_duration_seconds").record(waited.as_secs_f64());
 }
 
 pub fn payrail_attempt(outcome: &'static str, seconds: f64) {

@@ -12,14 +12,16 @@ use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use deadpool_postgres::Pool;
 
+use idempotency::{Engine, Gate, Policy};
+use secrecy::ExposeSecret;
+
 use crate::auth::Tokens;
+use crate::checkout::orders::Orders;
 use crate::checkout::seats;
-use crate::config::Settings;
+use crate::config::{LockMode, Settings};
 use crate::http::{self, AppState};
-use crate::idempotency::store::KeyPolicy;
-use crate::idempotency::Gate;
 use crate::jobs::Jobs;
-use crate::payrail::{self, sandbox::Sandbox};
+use crate::payrail;
 use crate::{db, observe, telemetry};
 
 /// The demo event a fresh local run offers.
@@ -32,7 +34,7 @@ pub struct Application {
     pool: Pool,
     server: Server,
     jobs: Jobs,
-    sandbox: Option<Sandbox>,
+    sandbox: Option<EmbeddedSandbox>,
 }
 
 impl Application {
@@ -46,20 +48,18 @@ impl Application {
         }
 
         let sandbox = if settings.payrail.sandbox && settings.payrail.base_url.is_empty() {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let api_key =
-                secrecy::ExposeSecret::expose_secret(&settings.payrail.api_key).to_owned();
-            let sandbox = Sandbox::start(listener, api_key)?;
-            tracing::info!(url = %sandbox.base_url(), "embedded payrail sandbox started");
-            Some(sandbox)
+            Some(EmbeddedSandbox::start(
+                settings.payrail.api_key.expose_secret(),
+            )?)
         } else {
             None
         };
-        let payrail_url = sandbox
-            .as_ref()
-            .map_or_else(|| settings.payrail.base_url.clone(), Sandbox::base_url);
-        let payrail = Arc::new(payrail::Client::new(&settings.payrail, &payrail_url)?);
-
+        let payrail_url = sandbox.as_ref().map_or_else(
+            || settings.payrail.base_url.clone(),
+            EmbeddedSandbox::base_url,
+        );
+        let state = web::Data::new(state(&settings, pool.clone(), &payrail_url).await?);
+        let orders = state.orders.clone();
         let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port))
             .with_context(|| {
                 format!(
@@ -68,18 +68,6 @@ impl Application {
                 )
             })?;
         let port = listener.local_addr()?.port();
-        let state = web::Data::new(AppState {
-            pool: pool.clone(),
-            payrail: payrail.clone(),
-            tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
-            gate: Gate::connect(&settings.idempotency, &settings.redis).await?,
-            keys: KeyPolicy {
-                ttl: settings.idempotency.ttl(),
-                lease: settings.idempotency.lease(),
-            },
-            hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
-            max_body_bytes: settings.http.max_body_bytes,
-        });
         let cors_origins = settings.http.cors_origins.clone();
         let mut server = HttpServer::new(move || {
             App::new()
@@ -96,7 +84,7 @@ impl Application {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
-        let jobs = Jobs::spawn(pool.clone(), payrail, &settings);
+        let jobs = Jobs::spawn(pool.clone(), orders, &settings);
         tracing::info!(port, environment = %settings.environment, "stagedoor checkout listening");
         Ok(Self {
             port,
@@ -137,6 +125,35 @@ impl Application {
     }
 }
 
+/// What the handlers share: the pool, the idempotency engine (with the
+/// Redis gate when `idempotency.lock = redis`), the orders with their
+/// Payrail client at `payrail_url`, and the request limits.
+pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow::Result<AppState> {
+    let payrail = Arc::new(payrail::Client::new(&settings.payrail, payrail_url)?);
+    let gate = match settings.idempotency.lock {
+        LockMode::Table => Gate::Table,
+        LockMode::Redis => Gate::redis(settings.redis.url.expose_secret())
+            .await
+            .context("connecting to Redis (redis.url)")?,
+    };
+    let policy = Policy {
+        ttl: settings.idempotency.ttl(),
+        lease: settings.idempotency.lease(),
+    };
+    Ok(AppState {
+        engine: Engine::new(pool.clone(), policy)
+            .with_gate(gate)
+            .on_outcome(observe::idempotency)
+            .on_wait(observe::idempotency_wait),
+        orders: Orders::new(pool.clone(), payrail, http::order_answer),
+        pool,
+        tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
+        max_wait_secs: settings.idempotency.max_wait_secs,
+        hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
+        max_body_bytes: settings.http.max_body_bytes,
+    })
+}
+
 /// Creates the database when allowed, then applies pending migrations.
 pub async fn prepare_database(settings: &Settings) -> anyhow::Result<()> {
     if settings.database.create_if_missing {
@@ -148,4 +165,49 @@ pub async fn prepare_database(settings: &Settings) -> anyhow::Result<()> {
         .await
         .context("applying migrations (database.url)")?;
     Ok(())
+}
+
+/// The Payrail sandbox `serve` embeds for local runs (`payrail.sandbox` with
+/// no `payrail.base_url`). A build without the `sandbox` feature (the
+/// container's) cannot embed one and says so.
+#[cfg(feature = "sandbox")]
+struct EmbeddedSandbox(payrail_sandbox::Sandbox);
+
+#[cfg(feature = "sandbox")]
+impl EmbeddedSandbox {
+    fn start(api_key: &str) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let sandbox = payrail_sandbox::Sandbox::start(listener, api_key.to_owned())?;
+        tracing::info!(url = %sandbox.base_url(), "embedded payrail sandbox started");
+        Ok(Self(sandbox))
+    }
+
+    fn base_url(&self) -> String {
+        self.0.base_url()
+    }
+
+    async fn stop(self) {
+        self.0.stop().await;
+    }
+}
+
+#[cfg(not(feature = "sandbox"))]
+enum EmbeddedSandbox {}
+
+#[cfg(not(feature = "sandbox"))]
+impl EmbeddedSandbox {
+    fn start(_api_key: &str) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "configuration key `payrail.sandbox`: this build has no embedded sandbox \
+             (built without the `sandbox` feature); set payrail.base_url"
+        )
+    }
+
+    fn base_url(&self) -> String {
+        match *self {}
+    }
+
+    async fn stop(self) {
+        match self {}
+    }
 }

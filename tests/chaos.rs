@@ -18,11 +18,22 @@
 //! process's log, and `CHAOS_SERVICE_LOG` is the services' `RUST_LOG`
 //! (default `warn`; `info` logs every request). Not part of a plain `cargo test`
 //! (`test = false` in Cargo.toml): it needs a release build to mean anything.
+//!
+//! Every random decision of the run is drawn from PRNG streams of one seed,
+//! printed at the start and in the failure message: which fault profile the
+//! sandbox gets and for how long, which instance is killed when and for how
+//! long (the first steps of both are printed too), and what the buyers do.
+//! `CHAOS_SEED=<n>` replays the run of seed `n`: the same schedule of faults
+//! and kills, in the same order (the times drift by what the machine does,
+//! and the requests race as they will, so the answers differ). Without it a
+//! fresh seed is drawn.
+//!
+//! ```sh
+//! CHAOS_SEED=1234 CHAOS_SECS=60 cargo test --release --test chaos -- --nocapture
+//! ```
 
 #[path = "chaos/cluster.rs"]
 mod cluster;
-#[path = "chaos/invariants.rs"]
-mod invariants;
 #[path = "chaos/load.rs"]
 mod load;
 #[path = "chaos/monkey.rs"]
@@ -36,11 +47,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::config::Settings;
-use tokio_postgres::NoTls;
+use test_support::db::connect;
+use test_support::postgres::Postgres;
+use test_support::{invariants, sandbox, Rng};
 
-use cluster::{Postgres, SandboxProcess, Scratch, Services, API_KEY};
+use cluster::{SandboxProcess, Services, API_KEY};
 use load::{buyer_name, Click, Seats, Shop};
-use monkey::Monkey;
+use monkey::{FaultSchedule, KillSchedule, Monkey};
 
 /// The service's Payrail timeout; the latency faults exceed it.
 const PAYRAIL_TIMEOUT_MS: u64 = 800;
@@ -57,6 +70,8 @@ struct Profile {
     instances: usize,
     db_restarts: u64,
     seats: u32,
+    /// Of every PRNG of the run: `CHAOS_SEED`, else a fresh one.
+    seed: u64,
 }
 
 impl Profile {
@@ -76,6 +91,14 @@ impl Profile {
             // More than this machine can sell (about 250 a second), so the
             // buyers never run out; they still collide on a seat now and then.
             seats: (secs * 600).clamp(12_000, 1_000_000) as u32,
+            seed: std::env::var("CHAOS_SEED")
+                .ok()
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .unwrap_or_else(|_| panic!("CHAOS_SEED={v}: not a number"))
+                })
+                .unwrap_or_else(Rng::fresh_seed),
         }
     }
 }
@@ -83,20 +106,26 @@ impl Profile {
 #[test]
 fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
     let profile = Profile::from_env();
+    let seed = profile.seed;
+    println!("chaos: seed {seed} (CHAOS_SEED={seed} replays this run's faults and kills)");
+    let [faults, kills] = monkey::preview(seed, PAYRAIL_TIMEOUT_MS, profile.instances, 5);
+    println!("chaos: the first faults: {faults}");
+    println!("chaos: the first kills: {kills}");
     // Dropped in reverse order, panics included: the runtime (and with it
     // every process it spawned), then PostgreSQL, then the directory.
-    let scratch = Scratch::new();
-    let postgres = Arc::new(Postgres::start(&scratch.path));
+    let scratch = cluster::scratch();
+    let postgres = Arc::new(cluster::postgres(scratch.path()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let violations = runtime.block_on(run(&profile, postgres.clone(), &scratch.path));
+    let violations = runtime.block_on(run(&profile, postgres.clone(), scratch.path()));
     runtime.shutdown_timeout(Duration::from_secs(10));
     assert!(
         violations.is_empty(),
-        "{} violations (the first 20; the report above lists 50):\n  {}",
+        "{} violations with seed {seed} (CHAOS_SEED={seed} replays its faults and kills; \
+         the first 20, the report above lists 50):\n  {}",
         violations.len(),
         violations[..violations.len().min(20)].join("\n  ")
     );
@@ -138,14 +167,6 @@ fn service_env(postgres: &Postgres, sandbox: &str, profile: &Profile) -> Vec<(St
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
     .collect()
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-    tokio::spawn(connection);
-    client
 }
 
 async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
@@ -220,7 +241,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         profile.instances,
         profile.buyers,
         seat_ids.len(),
-        postgres.port,
+        postgres.port(),
         sandbox.url
     );
 
@@ -229,17 +250,22 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         services.urls.clone(),
         tokens,
         Seats::new(seat_ids),
+        profile.seed,
     ));
     let started = Instant::now();
     let chaos_ends = started + Duration::from_secs(profile.secs);
     let monkey = Arc::new(Monkey::new(started));
     let controllers = vec![
-        tokio::spawn(
-            monkey
-                .clone()
-                .faults(sandbox.url.clone(), PAYRAIL_TIMEOUT_MS, chaos_ends),
-        ),
-        tokio::spawn(monkey.clone().kills(services.clone(), chaos_ends)),
+        tokio::spawn(monkey.clone().faults(
+            sandbox.url.clone(),
+            FaultSchedule::new(profile.seed, PAYRAIL_TIMEOUT_MS),
+            chaos_ends,
+        )),
+        tokio::spawn(monkey.clone().kills(
+            services.clone(),
+            KillSchedule::new(profile.seed, services.len()),
+            chaos_ends,
+        )),
         tokio::spawn(
             monkey.clone().restart_database(
                 postgres.clone(),
@@ -295,14 +321,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         .await;
     monkey.say(&format!("replayed {swept} answered clicks"));
 
-    let ledger: Vec<Value> = reqwest::Client::new()
-        .get(format!("{}/v1/sandbox/charges", sandbox.url))
-        .send()
-        .await
-        .expect("GET /v1/sandbox/charges")
-        .json()
-        .await
-        .expect("the ledger");
+    let ledger = sandbox::ledger(&reqwest::Client::new(), &sandbox.url).await;
     let orders = load::db_orders(&db).await;
     let mut violations = invariants::violations(&db, &ledger).await;
     violations.extend(load::check_clicks(&clicks, &orders, &ledger));
@@ -338,9 +357,10 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
     let (exits, panics) = services.troubles().await;
     violations.extend(exits);
     violations.extend(panics);
-    violations.extend(cluster::panicked_lines(&sandbox.stderr, "payrail-sandbox"));
+    violations.extend(cluster::panicked_lines(&sandbox.log, "payrail-sandbox"));
 
     print_report(
+        profile.seed,
         &db,
         &ledger,
         &shop,
@@ -354,6 +374,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
 }
 
 async fn print_report(
+    seed: u64,
     db: &tokio_postgres::Client,
     ledger: &[Value],
     shop: &Shop,
@@ -484,7 +505,7 @@ async fn print_report(
         println!("  {name:<14} {value}");
     }
     println!("{:-<78}", "");
-    for (i, path) in services.stderr_paths().await.iter().enumerate() {
+    for (i, path) in services.log_paths().await.iter().enumerate() {
         let errors = std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
@@ -505,10 +526,11 @@ async fn print_report(
         println!("  VIOLATION: {violation}");
     }
     println!(
-        "chaos: {} requests, {orders} orders, {} charges, {} kills, {} violations",
+        "chaos: {} requests, {orders} orders, {} charges, {} kills, {} violations (seed {})",
         n(&s.requests),
         ledger.len(),
         n(&monkey.kills),
-        violations.len()
+        violations.len(),
+        seed
     );
 }

@@ -6,15 +6,17 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use hdrhistogram::Histogram;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
-use serde_json::{json, Value};
+use serde_json::json;
 use stagedoor_checkout::config::LockMode;
+use test_support::sandbox;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::fixtures::{self, order_body};
 use crate::load::{self, Sent, Stats};
-use crate::scenarios::{holds_for, order_rate, orders_to, run_secs, CONCURRENCY};
+use crate::scenarios::{first_clicks, holds_for, order_rate, run_secs, seen, CONCURRENCY};
 use crate::servers::{self, RunningApp};
 use crate::{postgres, Bench};
 
@@ -56,15 +58,10 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
                 });
                 let mut first = 0;
                 for sent in join_all(copies).await {
-                    let Ok(response) = sent else {
+                    let Some(seen) = seen(sent).await else {
                         return Sent::Failed;
                     };
-                    let status = response.status().as_u16();
-                    let replayed = response.headers().contains_key("idempotent-replayed");
-                    if response.bytes().await.is_err() {
-                        return Sent::Failed;
-                    }
-                    match (status, replayed) {
+                    match (seen.status, seen.replayed) {
                         (201, false) => first += 1,
                         (201, true) | (409, _) => {}
                         (other, _) => return Sent::Status(other),
@@ -103,26 +100,13 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
 }
 
 async fn clear_ledger(bench: &Bench) {
-    bench
-        .http
-        .delete(format!("{}/v1/sandbox/charges", bench.sandbox_url))
-        .send()
-        .await
-        .expect("clear the sandbox ledger");
+    sandbox::clear_ledger(&bench.http, &bench.sandbox_url).await;
 }
 
 /// (charges, clicks with more than one succeeded charge, succeeded charges
 /// whose order is unknown), from the sandbox ledger and the orders table.
 async fn double_charges(bench: &Bench) -> (usize, usize, usize) {
-    let ledger: Vec<Value> = bench
-        .http
-        .get(format!("{}/v1/sandbox/charges", bench.sandbox_url))
-        .send()
-        .await
-        .expect("the ledger")
-        .json()
-        .await
-        .expect("the ledger's JSON");
+    let ledger = sandbox::ledger(&bench.http, &bench.sandbox_url).await;
     let references: Vec<Uuid> = ledger
         .iter()
         .filter(|c| c["status"] == "succeeded")
@@ -161,24 +145,7 @@ pub async fn payrail(bench: &mut Bench, app: &RunningApp) {
     let mut table = Vec::new();
     let warmup = Duration::from_secs(2);
     for concurrency in steps {
-        let secs = (warmup + bench.profile.step).as_secs_f64();
-        let holds = holds_for(bench, concurrency as f64 / 0.4, secs).await;
-        let stop = CancellationToken::new();
-        let probe = tokio::spawn(load::pool_probe(app.pool.clone(), stop.clone()));
-        let stats = load::closed(
-            concurrency,
-            warmup,
-            bench.profile.step,
-            orders_to(
-                format!("{}/orders", app.url),
-                bench.buyers.clone(),
-                holds,
-                concurrency,
-            ),
-        )
-        .await;
-        stop.cancel();
-        let pool_wait = probe.await.expect("probe");
+        let (stats, pool_wait) = probed_step(bench, app, concurrency, warmup).await;
         let wait_p99 = pool_wait.value_at_quantile(0.99) as f64 / 1000.0;
         println!(
             "  {concurrency:>5} concurrent: {}; pool wait p99 {wait_p99:.2} ms, max {:.1} ms",
@@ -206,24 +173,8 @@ pub async fn payrail(bench: &mut Bench, app: &RunningApp) {
         let mut settings = bench.settings(LockMode::Table);
         settings.database.pool_size = 64;
         let big = RunningApp::start(settings).await;
-        let secs = (warmup + bench.profile.step).as_secs_f64();
-        let holds = holds_for(bench, concurrency as f64 / 0.4, secs).await;
-        let stop = CancellationToken::new();
-        let probe = tokio::spawn(load::pool_probe(big.pool.clone(), stop.clone()));
-        let stats = load::closed(
-            concurrency,
-            warmup,
-            bench.profile.step,
-            orders_to(
-                format!("{}/orders", big.url),
-                bench.buyers.clone(),
-                holds,
-                concurrency,
-            ),
-        )
-        .await;
-        stop.cancel();
-        let wait_p99 = probe.await.expect("probe").value_at_quantile(0.99) as f64 / 1000.0;
+        let (stats, pool_wait) = probed_step(bench, &big, concurrency, warmup).await;
+        let wait_p99 = pool_wait.value_at_quantile(0.99) as f64 / 1000.0;
         big.stop().await;
         println!(
             "  {concurrency:>5} concurrent, pool of 64: {}; pool wait p99 {wait_p99:.2} ms",
@@ -248,6 +199,32 @@ pub async fn payrail(bench: &mut Bench, app: &RunningApp) {
     clear_ledger(bench).await;
 }
 
+/// One step of the search: first clicks at `concurrency` (enough fresh
+/// holds for them, a Payrail latency of 400 ms), and the pool-wait probe's
+/// histogram on the instance's own pool over the same time.
+async fn probed_step(
+    bench: &Bench,
+    app: &RunningApp,
+    concurrency: usize,
+    warmup: Duration,
+) -> (Stats, Histogram<u64>) {
+    let secs = (warmup + bench.profile.step).as_secs_f64();
+    let holds = holds_for(bench, concurrency as f64 / 0.4, secs).await;
+    let stop = CancellationToken::new();
+    let probe = tokio::spawn(load::pool_probe(app.pool.clone(), stop.clone()));
+    let stats = first_clicks(
+        bench,
+        &app.url,
+        holds,
+        concurrency,
+        warmup,
+        bench.profile.step,
+    )
+    .await;
+    stop.cancel();
+    (stats, probe.await.expect("probe"))
+}
+
 /// First clicks and storms with `idempotency.lock = redis`, beside the
 /// table mode measured before.
 pub async fn redis(bench: &mut Bench) {
@@ -263,16 +240,13 @@ pub async fn redis(bench: &mut Bench) {
     }
     let app = RunningApp::start(bench.settings(LockMode::Redis)).await;
     let holds = holds_for(bench, order_rate(bench), run_secs(bench)).await;
-    let stats = load::closed(
+    let stats = first_clicks(
+        bench,
+        &app.url,
+        holds,
         CONCURRENCY,
         bench.profile.warmup,
         bench.profile.measure,
-        orders_to(
-            format!("{}/orders", app.url),
-            bench.buyers.clone(),
-            holds,
-            CONCURRENCY,
-        ),
     )
     .await;
     println!("  first clicks: {}", stats.summary());
@@ -291,25 +265,23 @@ pub async fn rss(bench: &mut Bench) {
         .get("payrail_400ms_concurrency")
         .map_or(1024, |c| c as usize);
     println!("\n== rss: stagedoor-checkout serve as a process, {concurrency} concurrent first clicks, sandbox latency 400 ms");
-    let service = servers::ServiceProcess::spawn(&bench.pg.bench_url(), &bench.sandbox_url).await;
-    let idle = service.status_mib("VmRSS:").unwrap_or(0.0);
+    let service = servers::service_process(&bench.pg.bench_url(), &bench.sandbox_url).await;
+    let idle = servers::status_mib(&service, "VmRSS:").unwrap_or(0.0);
     bench.set_latency(400).await;
     let holds = holds_for(bench, concurrency as f64 / 0.4, run_secs(bench)).await;
-    let stats = load::closed(
+    let stats = first_clicks(
+        bench,
+        service.url(),
+        holds,
         concurrency,
         bench.profile.warmup,
         bench.profile.measure,
-        orders_to(
-            format!("{}/orders", service.url),
-            bench.buyers.clone(),
-            holds,
-            concurrency,
-        ),
     )
     .await;
-    let peak = service.status_mib("VmHWM:").unwrap_or(0.0);
+    let peak = servers::status_mib(&service, "VmHWM:").unwrap_or(0.0);
     bench.set_latency(0).await;
-    service.stop().await;
+    // SIGTERM, and 10 s to exit before SIGKILL.
+    service.stop(Duration::from_secs(10)).await;
     clear_ledger(bench).await;
     println!("  {}", stats.summary());
     println!("  resident: {idle:.1} MiB idle, peak {peak:.1} MiB");

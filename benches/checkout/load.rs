@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use test_support::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -371,12 +372,9 @@ where
 /// connection goes straight back.
 pub async fn pool_probe(pool: deadpool_postgres::Pool, stop: CancellationToken) -> Histogram<u64> {
     let mut hist = histogram();
-    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rng = Rng::from_seed(0x9E37_79B9_7F4A_7C15);
     while !stop.is_cancelled() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        tokio::time::sleep(Duration::from_micros(1_000 + seed % 2_000)).await;
+        tokio::time::sleep(Duration::from_micros(1_000 + rng.below(2_000))).await;
         let started = Instant::now();
         match pool.get().await {
             Ok(client) => {

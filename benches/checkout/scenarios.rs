@@ -7,14 +7,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotency::{IdempotencyKey, RequestHash};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 use stagedoor_checkout::config::LockMode;
-use stagedoor_checkout::idempotency::{IdempotencyKey, RequestHash};
+use test_support::Seen;
 use uuid::Uuid;
 
 use crate::fixtures::{self, order_body, Buyers, Holds};
-use crate::load::{self, Sent};
+use crate::load::{self, Sent, Stats};
 use crate::servers::{self, BareQuery, Replayed, RunningApp};
 use crate::{postgres, Bench};
 
@@ -58,18 +59,36 @@ pub fn orders_to(
     }
 }
 
+/// One response read whole (`Seen::read`, as every scenario reads one), or
+/// `None` if it did not come (connection error, timeout).
+pub async fn seen(sent: reqwest::Result<reqwest::Response>) -> Option<Seen> {
+    Seen::read(sent.ok()?).await.ok()
+}
+
+/// First clicks at `concurrency` to the server at `url` (`orders_to`, a
+/// connection per worker): `warmup`, then `measure`.
+pub async fn first_clicks(
+    bench: &Bench,
+    url: &str,
+    holds: Arc<Holds>,
+    concurrency: usize,
+    warmup: Duration,
+    measure: Duration,
+) -> Stats {
+    let send = orders_to(
+        format!("{url}/orders"),
+        bench.buyers.clone(),
+        holds,
+        concurrency,
+    );
+    load::closed(concurrency, warmup, measure, send).await
+}
+
 async fn answered(sent: reqwest::Result<reqwest::Response>, expected: u16) -> Sent {
-    let Ok(response) = sent else {
-        return Sent::Failed;
-    };
-    let status = response.status().as_u16();
-    if response.bytes().await.is_err() {
-        return Sent::Failed;
-    }
-    if status == expected {
-        Sent::Ok(1)
-    } else {
-        Sent::Status(status)
+    match seen(sent).await {
+        Some(seen) if seen.status == expected => Sent::Ok(1),
+        Some(seen) => Sent::Status(seen.status),
+        None => Sent::Failed,
     }
 }
 
@@ -106,16 +125,13 @@ pub async fn orders(bench: &mut Bench) {
     // Warm up first: the pool opens its connections and prepares its
     // statements (each first Parse is a transaction of its own). An idle
     // backend reports its counters within 10 s.
-    let warmup = load::closed(
+    let warmup = first_clicks(
+        bench,
+        &app.url,
+        holds.clone(),
         CONCURRENCY,
         Duration::ZERO,
         bench.profile.warmup,
-        orders_to(
-            format!("{}/orders", app.url),
-            bench.buyers.clone(),
-            holds.clone(),
-            CONCURRENCY,
-        ),
     )
     .await;
     let warmed = holds.used();
@@ -136,16 +152,13 @@ pub async fn orders(bench: &mut Bench) {
         autovacuum(&monitor, false).await;
     }
     let commits_before = commits(&monitor, &database).await;
-    let stats = load::closed(
+    let stats = first_clicks(
+        bench,
+        &app.url,
+        holds.clone(),
         CONCURRENCY,
         Duration::ZERO,
         bench.profile.measure,
-        orders_to(
-            format!("{}/orders", app.url),
-            bench.buyers.clone(),
-            holds.clone(),
-            CONCURRENCY,
-        ),
     )
     .await;
     app.stop().await;
@@ -353,22 +366,17 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
                     .body(request)
                     .send()
                     .await;
-                let Ok(response) = sent else {
-                    return Sent::Failed;
-                };
-                let status = response.status().as_u16();
-                let marked = response.headers().contains_key("idempotent-replayed");
-                match response.bytes().await {
-                    Ok(b)
-                        if status == expected_status
-                            && marked == replayed
-                            && b[..] == expected[..] =>
+                match seen(sent).await {
+                    Some(seen)
+                        if seen.status == expected_status
+                            && seen.replayed == replayed
+                            && seen.body == expected =>
                     {
                         Sent::Ok(1)
                     }
-                    Ok(_) if status == expected_status => Sent::Status(1),
-                    Ok(_) => Sent::Status(status),
-                    Err(_) => Sent::Failed,
+                    Some(seen) if seen.status == expected_status => Sent::Status(1),
+                    Some(seen) => Sent::Status(seen.status),
+                    None => Sent::Failed,
                 }
             }
         }
@@ -462,7 +470,7 @@ pub async fn mirror(bench: &mut Bench) {
     println!("  with the key (POST /orders): {}", keyed.summary());
     println!("    {}", keyed.cpu_summary());
     println!(
-        "  key statements left out (orders::without_key): {}",
+        "  key statements left out (benches/checkout/without_key.rs): {}",
         keyless.summary()
     );
     println!("    {}", keyless.cpu_summary());

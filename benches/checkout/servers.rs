@@ -5,24 +5,23 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use deadpool_postgres::Pool;
+use idempotency::{store, Begin, IdempotencyKey, Policy, RequestHash};
 use secrecy::SecretString;
-use stagedoor_checkout::auth::Tokens;
-use stagedoor_checkout::checkout::orders::{without_key, OrderRequest};
+use serde::Deserialize;
 use stagedoor_checkout::config::{LockMode, Settings};
 use stagedoor_checkout::http::{self, AppState, Buyer};
-use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
-use stagedoor_checkout::idempotency::{Begin, Gate, IdempotencyKey, RequestHash};
-use stagedoor_checkout::problem::Problem;
-use stagedoor_checkout::startup::Application;
+use stagedoor_checkout::startup::{self, Application};
 use stagedoor_checkout::{db, payrail, telemetry};
+use test_support::process::{free_port, Service, ServiceProcess};
+
+use crate::without_key;
 
 pub const API_KEY: &str = "sk_test_stagedoor";
 
@@ -120,20 +119,35 @@ pub struct Replayed {
 /// the request (a `POST`, the replay's own) is taken and not looked at.
 pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
-    let policy = KeyPolicy {
+    let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
     };
     let state = web::Data::new((pool, query, replayed, policy));
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let mut server = HttpServer::new(move || {
+    serve(settings, move || {
         App::new()
             .app_data(state.clone())
             .route("/bare", web::post().to(bare_answer))
     })
-    .disable_signals()
-    .shutdown_timeout(1);
+}
+
+/// Serves `app` on a port of 127.0.0.1 with the service's worker count,
+/// signals left to the bench, in-flight requests given 1 s at the stop.
+fn serve<F, T, B>(settings: &Settings, app: F) -> Plain
+where
+    F: Fn() -> App<T> + Send + Clone + 'static,
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    B: MessageBody + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut server = HttpServer::new(app).disable_signals().shutdown_timeout(1);
     if settings.server.workers > 0 {
         server = server.workers(settings.server.workers);
     }
@@ -143,7 +157,7 @@ pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain 
     Plain { url, handle }
 }
 
-async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, KeyPolicy)>) -> HttpResponse {
+async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Policy)>) -> HttpResponse {
     let (pool, query, replayed, policy) = state.get_ref();
     let Ok(client) = pool.get().await else {
         return HttpResponse::ServiceUnavailable().finish();
@@ -185,37 +199,28 @@ async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, KeyPolicy)>) -
 /// The service's HTTP stack as `Application::build` assembles it (the same
 /// middleware, state, routes and worker count; no jobs, no embedded
 /// sandbox), plus `POST /bench/orders-without-key`, which runs the order
-/// flow with the key statements left out (`orders::without_key`). Both the
+/// flow with the key statements left out (`without_key.rs`). Both the
 /// keyed `POST /orders` and the key-less route are measured on it, so that
 /// the comparison differs in the key and nothing else.
 pub async fn mirror(settings: &Settings) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
-    let state = web::Data::new(AppState {
-        pool,
-        payrail: Arc::new(
-            payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
-                .expect("payrail client"),
-        ),
-        tokens: Tokens::new(&settings.auth.jwt_secret).expect("tokens"),
-        gate: Gate::connect(&settings.idempotency, &settings.redis)
+    let state = web::Data::new(
+        startup::state(settings, pool, &settings.payrail.base_url)
             .await
-            .expect("gate"),
-        keys: KeyPolicy {
-            ttl: settings.idempotency.ttl(),
-            lease: settings.idempotency.lease(),
-        },
-        hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
-        max_body_bytes: settings.http.max_body_bytes,
-    });
+            .expect("the service's state"),
+    );
+    let payrail = web::Data::new(
+        payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
+            .expect("payrail client"),
+    );
     let cors_origins = settings.http.cors_origins.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let mut server = HttpServer::new(move || {
+    serve(settings, move || {
         App::new()
             .wrap(http::cors::cors(&cors_origins))
             .wrap(http::bare_refusals_as_problems())
             .wrap(from_fn(telemetry::log_request))
             .app_data(state.clone())
+            .app_data(payrail.clone())
             .route(
                 "/bench/orders-without-key",
                 web::post().to(order_without_key),
@@ -223,103 +228,72 @@ pub async fn mirror(settings: &Settings) -> Plain {
             .configure(http::routes)
             .default_service(web::to(http::not_found))
     })
-    .disable_signals()
-    .shutdown_timeout(1);
-    if settings.server.workers > 0 {
-        server = server.workers(settings.server.workers);
-    }
-    let server = server.listen(listener).expect("listen").run();
-    let handle = server.handle();
-    tokio::spawn(server);
-    Plain { url, handle }
+}
+
+#[derive(Deserialize)]
+struct OrderBody {
+    hold_ids: Vec<i64>,
+    payment_method: String,
 }
 
 async fn order_without_key(
     state: web::Data<AppState>,
+    payrail: web::Data<payrail::Client>,
     buyer: Buyer,
     body: web::Bytes,
-) -> Result<HttpResponse, Problem> {
-    let request: OrderRequest = serde_json::from_slice(&body)
-        .map_err(|e| Problem::InvalidRequest(format!("the body is not the expected JSON: {e}")))?;
-    let answer =
-        without_key::place(&state.pool, &state.payrail, buyer.0.as_str(), &request).await?;
-    let status = actix_web::http::StatusCode::from_u16(answer.status)
-        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::build(status);
-    response.content_type(answer.media.content_type());
-    if let Some(location) = answer.location() {
-        response.insert_header(("Location", location));
+) -> HttpResponse {
+    let Ok(OrderBody {
+        hold_ids,
+        payment_method,
+    }) = serde_json::from_slice(&body)
+    else {
+        return HttpResponse::BadRequest().finish();
+    };
+    match without_key::place(
+        &state.pool,
+        &payrail,
+        buyer.0.as_str(),
+        hold_ids,
+        &payment_method,
+    )
+    .await
+    {
+        Ok(answer) => idempotency::actix::response_of(&answer, false),
+        Err(error) => HttpResponse::ServiceUnavailable().body(error),
     }
-    Ok(response.body(answer.body))
 }
 
 /// `stagedoor-checkout serve` as a process of its own, killed on drop.
-pub struct ServiceProcess {
-    pub url: String,
-    child: tokio::process::Child,
+pub async fn service_process(database_url: &str, sandbox_url: &str) -> ServiceProcess {
+    let port = free_port();
+    let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
+    Service::new(
+        env!("CARGO_BIN_EXE_stagedoor-checkout"),
+        format!("http://127.0.0.1:{port}"),
+    )
+    .arg("serve")
+    .env("STAGEDOOR_ENV", "local")
+    .env("STAGEDOOR_CONFIG_DIR", config)
+    .env("DATABASE_URL", database_url)
+    .env("STAGEDOOR__SERVER__PORT", port.to_string())
+    .env("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false")
+    .env("STAGEDOOR__DEMO__SEED", "false")
+    .env("STAGEDOOR__PAYRAIL__SANDBOX", "false")
+    .env("STAGEDOOR__PAYRAIL__BASE_URL", sandbox_url)
+    .env("STAGEDOOR__PAYRAIL__API_KEY", API_KEY)
+    .env("STAGEDOOR__PAYRAIL__BREAKER_FAILURES", "1000000")
+    .env("STAGEDOOR__RECONCILE__INTERVAL_SECS", "3600")
+    .env("STAGEDOOR__IDEMPOTENCY__CLEANUP_INTERVAL_SECS", "3600")
+    .env("RUST_LOG", "warn")
+    .spawn_or_panic(Duration::from_secs(20))
+    .await
 }
 
-impl ServiceProcess {
-    pub async fn spawn(database_url: &str, sandbox_url: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
-            .arg("serve")
-            .env("STAGEDOOR_ENV", "local")
-            .env("STAGEDOOR_CONFIG_DIR", config)
-            .env("DATABASE_URL", database_url)
-            .env("STAGEDOOR__SERVER__PORT", port.to_string())
-            .env("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false")
-            .env("STAGEDOOR__DEMO__SEED", "false")
-            .env("STAGEDOOR__PAYRAIL__SANDBOX", "false")
-            .env("STAGEDOOR__PAYRAIL__BASE_URL", sandbox_url)
-            .env("STAGEDOOR__PAYRAIL__API_KEY", API_KEY)
-            .env("STAGEDOOR__PAYRAIL__BREAKER_FAILURES", "1000000")
-            .env("STAGEDOOR__RECONCILE__INTERVAL_SECS", "3600")
-            .env("STAGEDOOR__IDEMPOTENCY__CLEANUP_INTERVAL_SECS", "3600")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn stagedoor-checkout serve");
-        let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        for _ in 0..400 {
-            if let Ok(response) = http.get(format!("{url}/healthz")).send().await {
-                if response.status().is_success() {
-                    return Self { url, child };
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("stagedoor-checkout serve never became healthy");
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
-    }
-
-    /// A field of /proc/<pid>/status in MiB (VmHWM, VmRSS).
-    pub fn status_mib(&self, field: &str) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        let line = status.lines().find(|l| l.starts_with(field))?;
-        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib / 1024.0)
-    }
-
-    pub async fn stop(mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status();
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
+/// A field of /proc/<pid>/status of the process, in MiB (VmHWM, VmRSS).
+pub fn status_mib(process: &ServiceProcess, field: &str) -> Option<f64> {
+    let pid = process.pid()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

@@ -51,8 +51,10 @@ pub async fn key_rows(bench: &mut Bench) {
         .query_one(
             "SELECT avg(pg_column_size(user_id))::float8, avg(pg_column_size(key))::float8,
                     avg(pg_column_size(request_hash))::float8,
-                    avg(pg_column_size(order_id))::float8,
-                    avg(pg_column_size(response_body))::float8
+                    avg(pg_column_size(effect))::float8,
+                    avg(pg_column_size(response_body))::float8,
+                    avg(pg_column_size(response_content_type))::float8,
+                    avg(pg_column_size(response_location))::float8
              FROM idempotency_keys WHERE response_status = 201",
             &[],
         )
@@ -116,7 +118,8 @@ pub async fn key_rows(bench: &mut Bench) {
             "key_row_bytes_rebuilt": per_row_rebuilt,
             "column_bytes": {
                 "user_id": column(0), "key": column(1), "request_hash": column(2),
-                "order_id": column(3), "response_body": column(4),
+                "effect": column(3), "response_body": column(4),
+                "response_content_type": column(5), "response_location": column(6),
             },
         }),
     );
@@ -166,11 +169,11 @@ pub async fn cleanup(bench: &mut Bench, app: &RunningApp) {
         client
             .execute(
                 "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token,
-                     lease_expires_at, response_status, response_body, response_is_problem,
-                     response_locates_order, created_at)
+                     lease_expires_at, response_status, response_body, response_content_type,
+                     response_location, created_at)
                  SELECT 'old' || (g % 5000), 'key-' || g, sha256(g::text::bytea),
                         g, now() - interval '25 hours', 201, $1,
-                        false, false,
+                        'application/json', '/orders/' || gen_random_uuid(),
                         now() - interval '25 hours' - g * interval '80 ms'
                  FROM generate_series($2::bigint, $3::bigint) g",
                 &[&body, &(done + 1), &(done + chunk)],

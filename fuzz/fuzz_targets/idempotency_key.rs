@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stagedoor_checkout::idempotency::IdempotencyKey;
+use idempotency::IdempotencyKey;
 
 fuzz_target!(|raw: &[u8]| {
     let shown = raw.escape_ascii();

@@ -10,7 +10,7 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use stagedoor_checkout::idempotency::RequestHash;
+use idempotency::RequestHash;
 
 #[derive(Debug, Arbitrary)]
 struct Input {

@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use deadpool_postgres::{GenericClient, Pool};
+use idempotency::{Claim, Done, StoredResponse};
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
 
-use crate::problem::Problem;
+use super::CheckoutError;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Hold {
@@ -19,8 +20,38 @@ pub struct Hold {
     pub expires_at: String,
 }
 
-/// Holds a seat for `ttl`: 409 `seat-unavailable` when a live hold or an
-/// order has it, 404 when there is no such seat.
+/// How a hold is answered to the request that made it: the HTTP layer's to
+/// say, handed in so that the answer commits together with the hold.
+pub type Answer = fn(&Hold) -> StoredResponse;
+
+/// A keyed `POST /holds`: the hold and its answer commit together in one
+/// unit of the claim, so a crash leaves either both or neither, and a retry
+/// never meets its own hold as someone else's.
+pub async fn place_claimed(
+    pool: &Pool,
+    claim: &Claim,
+    seat_id: i64,
+    ttl: Duration,
+    answer: Answer,
+) -> Result<Done, CheckoutError> {
+    let mut client = pool.get().await?;
+    let unit = claim.unit(&mut client).await?;
+    let hold = match place(unit.tx(), &claim.user_id, seat_id, ttl).await {
+        Ok(hold) => hold,
+        Err(refused) => {
+            unit.rollback().await?;
+            return Err(refused);
+        }
+    };
+    let response = answer(&hold);
+    let fence = unit.store(&response).await?;
+    Ok(Done::stored(unit.finish(fence).await?, response))
+}
+
+/// Holds a seat for `ttl`: `SeatUnavailable` when a live hold or an order
+/// has it, `NoSuchSeat` when there is no such seat. Runs on whatever client
+/// it is given: a keyed request's unit, so that the hold commits together
+/// with its stored answer, or a plain connection.
 ///
 /// Buyers racing for one seat queue on the seat's row lock first: the first
 /// inserts its hold, and each next one finds it committed and is refused at
@@ -32,7 +63,7 @@ pub async fn place(
     buyer: &str,
     seat_id: i64,
     ttl: Duration,
-) -> Result<Hold, Problem> {
+) -> Result<Hold, CheckoutError> {
     let statement = client
         .prepare_cached(
             "WITH seat AS (
@@ -47,7 +78,7 @@ pub async fn place(
         .query_opt(&statement, &[&seat_id, &buyer, &ttl.as_secs_f64()])
         .await
     {
-        Ok(None) => Err(Problem::NotFound("there is no seat with this seat_id")),
+        Ok(None) => Err(CheckoutError::NoSuchSeat),
         Ok(Some(row)) => {
             let expires_at: OffsetDateTime = row.try_get("expires_at")?;
             Ok(Hold {
@@ -56,15 +87,17 @@ pub async fn place(
                 expires_at: super::rfc3339(expires_at),
             })
         }
-        Err(e) if e.code() == Some(&SqlState::EXCLUSION_VIOLATION) => Err(Problem::SeatUnavailable),
+        Err(e) if e.code() == Some(&SqlState::EXCLUSION_VIOLATION) => {
+            Err(CheckoutError::SeatUnavailable)
+        }
         // Should racers ever meet in the exclusion check after all (it runs
         // after the row is in the index), PostgreSQL aborts one of them as a
         // deadlock; another one got the seat.
         Err(e) if e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => {
-            Err(Problem::SeatUnavailable)
+            Err(CheckoutError::SeatUnavailable)
         }
         Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
-            Err(Problem::NotFound("there is no seat with this seat_id"))
+            Err(CheckoutError::NoSuchSeat)
         }
         Err(e) => Err(e.into()),
     }
@@ -75,7 +108,7 @@ pub async fn release(
     client: &impl GenericClient,
     buyer: &str,
     hold_id: i64,
-) -> Result<bool, Problem> {
+) -> Result<bool, CheckoutError> {
     let statement = client
         .prepare_cached(
             "DELETE FROM holds WHERE hold_id = $1 AND user_id = $2 AND order_id IS NULL",

@@ -1,6 +1,8 @@
 //! The domain: events and their seats, holds on seats, and orders that pay
-//! for holds. Knows SQL and Payrail, not HTTP. The database decides every
-//! race (constraints and conditional updates), never a read in Rust.
+//! for holds. Knows SQL, Payrail and the idempotency engine, not HTTP: it
+//! answers with its own types and [`CheckoutError`], which the HTTP layer
+//! alone turns into statuses and problems. The database decides every race
+//! (constraints and conditional updates), never a read in Rust.
 
 pub mod holds;
 pub mod orders;
@@ -8,6 +10,52 @@ pub mod seats;
 
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+
+use crate::db::DbError;
+use crate::payrail::PaymentError;
+
+/// Why the checkout could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    /// The seat asked for does not exist.
+    #[error("there is no seat with this seat_id")]
+    NoSuchSeat,
+    /// A live hold or an order has the seat.
+    #[error("this seat is held by someone else or already sold")]
+    SeatUnavailable,
+    /// A hold is unknown, not the buyer's, expired, or in another order.
+    #[error("a hold is unknown, not yours, expired or already in another order")]
+    HoldUnavailable,
+    /// The order is well-formed but asks for the impossible.
+    #[error("{0}")]
+    InvalidOrder(&'static str),
+    /// Payrail could not be asked, or did not answer: not an outcome.
+    #[error(transparent)]
+    Payment(#[from] PaymentError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The store contradicts itself (a linked order that is missing).
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+impl From<tokio_postgres::Error> for CheckoutError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for CheckoutError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<idempotency::Error> for CheckoutError {
+    fn from(error: idempotency::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
 
 /// Timestamps go out as RFC 3339 in UTC.
 pub(crate) fn rfc3339(at: OffsetDateTime) -> String {

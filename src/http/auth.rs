@@ -6,9 +6,9 @@ use std::future::{ready, Ready};
 use actix_web::http::header;
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
 
+use super::problem::Problem;
 use super::AppState;
 use crate::auth::BuyerId;
-use crate::problem::Problem;
 
 /// The authenticated buyer of a request.
 pub struct Buyer(pub BuyerId);

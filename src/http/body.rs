@@ -8,7 +8,7 @@ use actix_web::HttpRequest;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
-use crate::problem::Problem;
+use super::problem::Problem;
 
 pub async fn read(
     req: &HttpRequest,

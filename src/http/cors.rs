@@ -11,7 +11,7 @@
 use actix_cors::Cors;
 use actix_web::http::Method;
 
-use super::idempotent::REPLAYED;
+use idempotency::actix::REPLAYED;
 
 /// How long a browser may cache a preflight answer (seconds).
 const PREFLIGHT_MAX_AGE_SECS: usize = 600;

@@ -1,10 +1,11 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
+use idempotency::StoredResponse;
+
+use super::problem::{Problem, ProblemDetails};
 use super::{body, idempotent, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
-use crate::idempotency::{Finished, StoredResponse};
-use crate::problem::{Problem, ProblemDetails};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -71,18 +72,26 @@ pub async fn create(
     let key = idempotent::key(&req)?;
     let bytes = body::read(&req, payload, state.max_body_bytes).await?;
     let request: HoldRequest = body::json(&bytes)?;
-    let work = || async {
+    let Some(key) = key else {
         let client = state.pool.get().await?;
         let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.hold_ttl).await?;
-        Ok(Finished::Answer(StoredResponse::json(
-            201,
-            serde_json::to_vec(&hold).unwrap_or_default(),
-        )))
+        return Ok(HttpResponse::Created().json(hold));
     };
-    match key {
-        Some(key) => idempotent::run(&state, &buyer.0, key, &req, &bytes, |_| work()).await,
-        None => idempotent::unkeyed(work().await),
-    }
+    let (pool, ttl) = (&state.pool, state.hold_ttl);
+    idempotent::run(&state, &buyer.0, key, &req, &bytes, |claim| async move {
+        holds::place_claimed(pool, &claim, request.seat_id, ttl, answer).await
+    })
+    .await
+}
+
+/// How a hold is answered: 201 with the hold.
+fn answer(hold: &Hold) -> StoredResponse {
+    // Serializing numbers and a string cannot fail.
+    StoredResponse::new(
+        201,
+        "application/json",
+        serde_json::to_vec(hold).unwrap_or_default(),
+    )
 }
 
 /// `DELETE /holds/{hold_id}`: the buyer's own, unordered holds only.

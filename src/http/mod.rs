@@ -11,9 +11,9 @@ mod idempotent;
 pub mod metrics;
 pub mod openapi;
 mod orders;
+pub mod problem;
 mod seats;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::body::MessageBody;
@@ -23,22 +23,23 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, ResponseError};
 use deadpool_postgres::Pool;
+use idempotency::Engine;
 
 use crate::auth::Tokens;
-use crate::idempotency::store::KeyPolicy;
-use crate::idempotency::Gate;
-use crate::payrail;
-use crate::problem::Problem;
+use crate::checkout::orders::Orders;
+use problem::Problem;
 
 pub use auth::Buyer;
+pub use orders::answer as order_answer;
 
 /// What every handler may use; built once per instance.
 pub struct AppState {
     pub pool: Pool,
-    pub payrail: Arc<payrail::Client>,
+    pub engine: Engine,
+    pub orders: Orders,
     pub tokens: Tokens,
-    pub keys: KeyPolicy,
-    pub gate: Gate,
+    /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).
+    pub max_wait_secs: u64,
     pub hold_ttl: Duration,
     pub max_body_bytes: usize,
 }
@@ -95,7 +96,7 @@ pub fn bare_refusals_as_problems<B: MessageBody + 'static>() -> ErrorHandlers<B>
         let is_problem = res
             .headers()
             .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes() == crate::problem::CONTENT_TYPE.as_bytes());
+            .is_some_and(|v| v.as_bytes() == problem::CONTENT_TYPE.as_bytes());
         if is_problem {
             return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
         }

@@ -11,7 +11,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoResponses, Modify, OpenApi};
 
-use crate::problem::ProblemDetails;
+use super::problem::ProblemDetails;
 
 /// The name of the bearer-token scheme the handlers' `security(...)` name.
 const BEARER: &str = "bearer";

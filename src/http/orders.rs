@@ -1,9 +1,29 @@
 use actix_web::{web, HttpRequest, HttpResponse};
+use idempotency::StoredResponse;
+use serde::Deserialize;
 use uuid::Uuid;
 
+use super::problem::{Problem, ProblemDetails};
 use super::{body, idempotent, AppState, Buyer};
-use crate::checkout::orders::{self, Order, OrderRequest};
-use crate::problem::{Problem, ProblemDetails};
+use crate::checkout::orders::{NewOrder, Order, OrderStatus};
+
+/// The body of `POST /orders`, as parsed before the key is touched; what it
+/// asks for is checked once the key is claimed (an `invalid-order` answer is
+/// stored like any other).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OrderRequest {
+    /// The buyer's live holds to pay for, each once.
+    #[schema(min_items = 1, max_items = 50)]
+    pub hold_ids: Vec<i64>,
+    /// `pm_card_visa`, `pm_card_declined`, … (letters, digits, `_`).
+    #[schema(
+        pattern = "^pm_[A-Za-z0-9_]+$",
+        max_length = 64,
+        example = "pm_card_visa"
+    )]
+    pub payment_method: String,
+}
 
 /// `POST /orders`: the Idempotency-Key is required.
 #[utoipa::path(
@@ -74,12 +94,34 @@ pub async fn create(
 ) -> Result<HttpResponse, Problem> {
     let key = idempotent::key(&req)?.ok_or(Problem::KeyMissing)?;
     let bytes = body::read(&req, payload, state.max_body_bytes).await?;
-    let request: OrderRequest = body::json(&bytes)?;
-    let (pool, payrail, request) = (&state.pool, &state.payrail, &request);
+    let OrderRequest {
+        hold_ids,
+        payment_method,
+    } = body::json(&bytes)?;
+    let orders = &state.orders;
     idempotent::run(&state, &buyer.0, key, &req, &bytes, |claim| async move {
-        orders::place(pool, payrail, &claim, request).await
+        let request = NewOrder::parse(hold_ids, &payment_method)?;
+        orders.place(&claim, &request).await
     })
     .await
+}
+
+/// How an order is answered to the click that made it, once it has an
+/// outcome: 201 with the order and its `Location`, or 402 `payment-declined`.
+pub fn answer(order: &Order) -> StoredResponse {
+    if order.status == OrderStatus::Declined {
+        return Problem::PaymentDeclined {
+            order_id: order.order_id,
+        }
+        .to_response();
+    }
+    // Serializing an order (numbers, strings, a uuid) cannot fail.
+    StoredResponse::new(
+        201,
+        "application/json",
+        serde_json::to_vec(order).unwrap_or_default(),
+    )
+    .with_location(format!("/orders/{}", order.order_id))
 }
 
 /// `GET /orders/{order_id}`: another buyer's order is 404.
@@ -106,8 +148,9 @@ pub async fn show(
 ) -> Result<HttpResponse, Problem> {
     let not_found = || Problem::NotFound("there is no such order of yours");
     let order_id = Uuid::parse_str(&order_id).map_err(|_| not_found())?;
-    let client = state.pool.get().await?;
-    let order = orders::find(&client, buyer.0.as_str(), order_id)
+    let order = state
+        .orders
+        .find(buyer.0.as_str(), order_id)
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(order))

@@ -1,8 +1,8 @@
 use actix_web::{web, HttpResponse};
 
+use super::problem::{Problem, ProblemDetails};
 use super::{AppState, Buyer};
 use crate::checkout::seats::{self, SeatMap};
-use crate::problem::{Problem, ProblemDetails};
 
 /// `GET /events/{event_id}/seats`
 #[utoipa::path(

@@ -6,15 +6,14 @@ pub mod cleanup;
 pub mod reconcile;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::checkout::orders::Orders;
 use crate::config::Settings;
-use crate::payrail;
 
 /// The running tasks; `stop` cancels them and waits for them to finish.
 pub struct Jobs {
@@ -23,10 +22,10 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    pub fn spawn(pool: Pool, payrail: Arc<payrail::Client>, settings: &Settings) -> Self {
+    pub fn spawn(pool: Pool, orders: Orders, settings: &Settings) -> Self {
         let cancel = CancellationToken::new();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
-        let reconcile = reconcile::Reconcile::new(pool, payrail, &settings.reconcile);
+        let reconcile = reconcile::Reconcile::new(pool, orders, &settings.reconcile);
         let tasks = vec![
             every(
                 settings.idempotency.cleanup_interval(),

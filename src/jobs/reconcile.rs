@@ -7,17 +7,16 @@
 //! commits, and only then calls Payrail, holding no connection meanwhile.
 //! An order whose charge keeps failing is retried with a growing delay.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use crate::checkout::orders;
+use crate::checkout::orders::Orders;
+use crate::checkout::CheckoutError;
 use crate::config::ReconcileSettings;
-use crate::problem::Problem;
-use crate::{observe, payrail};
+use crate::observe;
 
 /// Orders claimed per run, and Payrail calls in flight at once.
 const BATCH: i64 = 100;
@@ -28,7 +27,7 @@ const MAX_DELAY_SECS: f64 = 3600.0;
 #[derive(Clone)]
 pub struct Reconcile {
     pool: Pool,
-    payrail: Arc<payrail::Client>,
+    orders: Orders,
     grace: Duration,
     base_delay: Duration,
 }
@@ -40,16 +39,16 @@ pub struct Report {
 }
 
 impl Reconcile {
-    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, settings: &ReconcileSettings) -> Self {
+    pub fn new(pool: Pool, orders: Orders, settings: &ReconcileSettings) -> Self {
         Self {
             pool,
-            payrail,
+            orders,
             grace: settings.grace(),
             base_delay: settings.interval(),
         }
     }
 
-    pub async fn run(&self) -> Result<Report, Problem> {
+    pub async fn run(&self) -> Result<Report, CheckoutError> {
         let (due, pending) = self.claim_due().await?;
         observe::orders_pending(pending);
         let results: Vec<bool> = futures_util::stream::iter(due)
@@ -78,7 +77,7 @@ impl Reconcile {
     /// Claims due orders: each is hidden from other runs until its next
     /// attempt time, which doubles with every attempt.
     /// Also counts the orders still pending, for the `orders_pending` gauge.
-    async fn claim_due(&self) -> Result<(Vec<(Uuid, i32)>, i64), Problem> {
+    async fn claim_due(&self) -> Result<(Vec<(Uuid, i32)>, i64), CheckoutError> {
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -111,7 +110,7 @@ impl Reconcile {
         let due = rows
             .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect::<Result<_, Problem>>()?;
+            .collect::<Result<_, CheckoutError>>()?;
         let pending: i64 = client
             .query_one(
                 "SELECT count(*) FROM orders WHERE status = 'payment_pending'",
@@ -132,16 +131,11 @@ impl Reconcile {
         }
     }
 
-    async fn try_settle(&self, order_id: Uuid) -> Result<(), Problem> {
-        let order = {
-            let client = self.pool.get().await?;
-            orders::load(&client, order_id).await?
-        };
-        let Some(order) = order.filter(|o| o.is_pending()) else {
+    async fn try_settle(&self, order_id: Uuid) -> Result<(), CheckoutError> {
+        let Some((_, outcome)) = self.orders.charge_again(order_id).await? else {
             return Ok(());
         };
-        let outcome = self.payrail.charge(order_id, &order.charge()).await?;
-        orders::settle(&self.pool, order_id, &outcome, None).await?;
+        self.orders.settle_unclaimed(order_id, &outcome).await?;
         tracing::info!(%order_id, ?outcome, "settled a pending order");
         Ok(())
     }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use stagedoor_checkout::jobs::cleanup::{Cleanup, Outcome, CLEANUP_LOCK};
+use idempotency::cleanup::CLEANUP_LOCK;
+use stagedoor_checkout::jobs::cleanup::{Cleanup, Outcome};
 
 use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen};
 use crate::invariants::assert_invariants;
@@ -39,9 +40,10 @@ async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str) {
         .execute(
             &format!(
                 "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token,
-                     lease_expires_at, response_status, response_body, created_at)
+                     lease_expires_at, response_status, response_content_type, response_body,
+                     created_at)
                  SELECT 'load', 'k-' || g || '-' || md5(random()::text), '\\x00', g,
-                        now(), 201, '{{}}', now() - interval '{age}'
+                        now(), 201, 'application/json', '{{}}', now() - interval '{age}'
                  FROM generate_series(1, $1::bigint) g"
             ),
             &[&n],

@@ -6,39 +6,22 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use payrail_sandbox::Sandbox;
 use reqwest::{RequestBuilder, Response};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::checkout::seats;
 use stagedoor_checkout::config::{LockMode, Settings};
-use stagedoor_checkout::payrail::sandbox::Sandbox;
 use stagedoor_checkout::startup::Application;
-use tokio_postgres::NoTls;
+use test_support::process::{free_port, Service, ServiceProcess};
+use test_support::sandbox;
 use uuid::Uuid;
 
+pub use test_support::db::TestDatabase;
+pub use test_support::Seen;
+
 pub const API_KEY: &str = "sk_test_stagedoor";
-
-pub fn maintenance_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-fn database_url(name: &str) -> String {
-    let mut config: tokio_postgres::Config = maintenance_url().parse().expect("DATABASE_URL");
-    config.dbname(name);
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    let password = config
-        .get_password()
-        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
-        .unwrap_or_default();
-    format!("postgres://{user}{password}@{host}:{port}/{name}")
-}
 
 /// The service's own pool (`db::pool`), one connection, to `url`.
 pub fn pool(url: &str) -> deadpool_postgres::Pool {
@@ -49,60 +32,6 @@ pub fn pool(url: &str) -> deadpool_postgres::Pool {
         pool_timeout_ms: 5_000,
     })
     .expect("a pool")
-}
-
-/// A database that is dropped when the last test holding it ends.
-pub struct TestDatabase {
-    pub name: String,
-    pub url: String,
-}
-
-impl TestDatabase {
-    pub async fn create() -> Arc<Self> {
-        let name = format!("stagedoor_test_{}", Uuid::new_v4().simple());
-        let (client, connection) = tokio_postgres::connect(&maintenance_url(), NoTls)
-            .await
-            .expect("PostgreSQL must run (see README)");
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-            .expect("create test database");
-        let url = database_url(&name);
-        Arc::new(Self { name, url })
-    }
-
-    pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
-            .await
-            .expect("connect to the test database");
-        tokio::spawn(connection);
-        client
-    }
-}
-
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // Drop runs inside the test's runtime; a thread of its own may block.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&maintenance_url(), NoTls).await
-                {
-                    tokio::spawn(connection);
-                    let _ = client
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
 }
 
 pub struct TestApp {
@@ -290,25 +219,39 @@ impl TestApp {
     }
 
     pub async fn charges(&self) -> Vec<Value> {
-        self.http
-            .get(format!("{}/v1/sandbox/charges", self.sandbox.base_url()))
-            .send()
-            .await
-            .expect("ledger")
-            .json()
-            .await
-            .expect("ledger body")
+        sandbox::ledger(&self.http, &self.sandbox.base_url()).await
+    }
+
+    /// Waits (up to 2 s) until Payrail has made a charge, which it then
+    /// sits on for as long as its latency says: the moment to kill its caller.
+    pub async fn until_charged(&self) {
+        for _ in 0..100 {
+            if !self.charges().await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends `alice`'s keyed `POST path` with `body` to `instance` (another
+    /// process) in the background; its answer, if one ever comes.
+    pub fn in_flight(
+        &self,
+        instance: &ServiceProcess,
+        path: &str,
+        key: &str,
+        body: String,
+    ) -> tokio::task::JoinHandle<reqwest::Result<Response>> {
+        let request = self
+            .as_buyer(self.http.post(format!("{}{path}", instance.url())), "alice")
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body);
+        tokio::spawn(async move { request.send().await })
     }
 
     pub async fn set_faults(&self, faults: Value) {
-        let response = self
-            .http
-            .post(format!("{}/v1/sandbox/faults", self.sandbox.base_url()))
-            .json(&faults)
-            .send()
-            .await
-            .expect("faults");
-        assert!(response.status().is_success(), "setting faults {faults}");
+        sandbox::set_faults(&self.http, &self.sandbox.base_url(), &faults).await;
     }
 
     /// How many rows a query counts.
@@ -365,65 +308,6 @@ pub fn new_key() -> String {
     Uuid::new_v4().to_string()
 }
 
-/// What a client sees of a response: status, the headers it acts on, body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seen {
-    pub status: u16,
-    pub content_type: Option<String>,
-    pub location: Option<String>,
-    pub replayed: bool,
-    pub retry_after: Option<String>,
-    pub body: Vec<u8>,
-}
-
-impl Seen {
-    pub async fn of(response: Response) -> Self {
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let status = response.status().as_u16();
-        let content_type = header("content-type");
-        let location = header("location");
-        let replayed = header("idempotent-replayed").as_deref() == Some("true");
-        let retry_after = header("retry-after");
-        let body = response.bytes().await.expect("body").to_vec();
-        Self {
-            status,
-            content_type,
-            location,
-            replayed,
-            retry_after,
-            body,
-        }
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-
-    /// The problem slug of an RFC 9457 body.
-    pub fn problem(&self) -> String {
-        assert_eq!(
-            self.content_type.as_deref(),
-            Some("application/problem+json"),
-            "a problem body: {}",
-            String::from_utf8_lossy(&self.body)
-        );
-        let body = self.json();
-        assert_eq!(body["status"].as_u64(), Some(u64::from(self.status)));
-        assert!(body["title"].is_string() && body["detail"].is_string());
-        body["type"]
-            .as_str()
-            .and_then(|t| t.strip_prefix("https://stagedoor.example/problems/"))
-            .expect("problem type")
-            .to_owned()
-    }
-}
-
 impl Drop for TestApp {
     fn drop(&mut self) {
         let handle = self.handle.clone();
@@ -433,19 +317,12 @@ impl Drop for TestApp {
     }
 }
 
-/// The real `stagedoor-checkout` binary, serving on this app's database and
-/// sandbox with this app's settings: for tests that kill or signal it.
-pub struct ServiceProcess {
-    pub child: tokio::process::Child,
-    pub address: String,
-}
-
 impl TestApp {
+    /// The real `stagedoor-checkout` binary, serving on this app's database
+    /// and sandbox with this app's settings: for tests that kill or signal
+    /// it. Its log is shown if it does not come up.
     pub async fn spawn_process(&self) -> ServiceProcess {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let s = &self.settings;
         let env: Vec<(&str, String)> = vec![
             ("STAGEDOOR_ENV", "local".into()),
@@ -491,33 +368,13 @@ impl TestApp {
             ),
             ("RUST_LOG", "warn".into()),
         ];
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
-            .arg("serve")
-            .envs(env)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn stagedoor-checkout");
-        let address = format!("http://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if let Ok(r) = self.http.get(format!("{address}/healthz")).send().await {
-                if r.status().is_success() {
-                    return ServiceProcess { child, address };
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the service process never became healthy");
-    }
-}
-
-impl ServiceProcess {
-    pub fn signal(&self, signal: &str) {
-        let pid = self.child.id().expect("running").to_string();
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        Service::new(
+            env!("CARGO_BIN_EXE_stagedoor-checkout"),
+            format!("http://127.0.0.1:{port}"),
+        )
+        .arg("serve")
+        .envs(env)
+        .spawn_or_panic(Duration::from_secs(10))
+        .await
     }
 }

@@ -1,9 +1,8 @@
 //! The invariants (README, "What always holds"), checked at the end of tests
-//! by the same checker as the chaos run (`tests/chaos/invariants.rs`), against
+//! by the same checker as the chaos run (`test_support::invariants`), against
 //! the test's database and the sandbox's ledger (the truth about charges).
 
-#[path = "../chaos/invariants.rs"]
-mod checker;
+use test_support::invariants;
 
 use crate::helpers::TestApp;
 
@@ -11,7 +10,7 @@ use crate::helpers::TestApp;
 pub async fn assert_invariants(app: &TestApp) {
     let db = app.db.client().await;
     let ledger = app.charges().await;
-    let violations = checker::violations(&db, &ledger).await;
+    let violations = invariants::violations(&db, &ledger).await;
     assert!(
         violations.is_empty(),
         "invariants violated:\n  {}",

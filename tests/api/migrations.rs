@@ -1,18 +1,20 @@
 //! Migrations keep what is stored: key rows written under the first layout
-//! of `idempotency_keys` give the same answers after the table is rebuilt.
+//! of `idempotency_keys` give the same answers after every rebuild since
+//! (V2, compact; V3, the engine's), and the table the service's migrations
+//! leave is exactly the one the engine makes on its own.
 
 use std::time::Duration;
 
-use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
-use stagedoor_checkout::idempotency::{Begin, IdempotencyKey, Media, RequestHash, StoredResponse};
+use idempotency::store;
+use idempotency::{Begin, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use uuid::Uuid;
 
 use crate::helpers::{self, TestDatabase};
 
 #[tokio::test]
-async fn stored_answers_survive_the_compact_key_table() {
+async fn stored_answers_survive_every_rebuild_of_the_key_table() {
     let db = TestDatabase::create().await;
-    let client = db.client().await;
+    let mut client = db.client().await;
     client
         .batch_execute(include_str!("../../migrations/V1__checkout.sql"))
         .await
@@ -24,7 +26,9 @@ async fn stored_answers_survive_the_compact_key_table() {
             "INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
                                  payment_method, hold_ids, seats, idempotency_key)
              VALUES ($1, 'alice', 'paid', 4500, 'USD', 'pm_card_visa', '{}', '{}', 'paid'),
-                    ($2, 'alice', 'declined', 4500, 'USD', 'pm_card_declined', '{}', '{}', 'declined')",
+                    ($2, 'alice', 'declined', 4500, 'USD', 'pm_card_declined', '{}', '{}', 'declined'),
+                    (gen_random_uuid(), 'alice', 'payment_pending', 4500, 'USD', 'pm_card_slow',
+                     '{}', '{}', 'settling')",
             &[&paid, &declined],
         )
         .await
@@ -47,16 +51,17 @@ async fn stored_answers_survive_the_compact_key_table() {
         .await
         .unwrap();
 
-    client
-        .batch_execute(include_str!(
-            "../../migrations/V2__compact_idempotency_keys.sql"
-        ))
-        .await
-        .unwrap();
+    for migration in [
+        include_str!("../../migrations/V2__compact_idempotency_keys.sql"),
+        include_str!("../../migrations/V3__idempotency_engine.sql"),
+    ] {
+        client.batch_execute(migration).await.unwrap();
+    }
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 1);
 
     let pool = helpers::pool(&db.url);
     let pooled = pool.get().await.unwrap();
-    let policy = KeyPolicy {
+    let policy = Policy {
         ttl: Duration::from_secs(86_400),
         lease: Duration::from_secs(30),
     };
@@ -74,25 +79,94 @@ async fn stored_answers_survive_the_compact_key_table() {
     };
     assert_eq!(
         answer,
-        StoredResponse {
-            created_order: Some(paid),
-            ..StoredResponse::json(201, b"order".to_vec())
-        }
+        StoredResponse::new(201, "application/json", b"order".to_vec())
+            .with_location(format!("/orders/{paid}"))
     );
-    assert_eq!(answer.location(), Some(format!("/orders/{paid}")));
     let Begin::Replay(answer) = begin("declined").await else {
         panic!("the declined order's answer is kept");
     };
     assert_eq!(
         answer,
-        StoredResponse {
-            media: Media::Problem,
-            ..StoredResponse::json(402, b"problem".to_vec())
-        }
+        StoredResponse::new(402, "application/problem+json", b"problem".to_vec())
     );
     let Begin::Replay(answer) = begin("hold").await else {
         panic!("the hold's answer is kept");
     };
-    assert_eq!(answer, StoredResponse::json(201, b"hold".to_vec()));
+    assert_eq!(
+        answer,
+        StoredResponse::new(201, "application/json", b"hold".to_vec())
+    );
     assert!(matches!(begin("busy").await, Begin::InProgress));
+    let links: i64 = client
+        .query_one(
+            "SELECT count(*) FROM idempotency_keys WHERE key = 'paid' AND effect = $1",
+            &[&paid.to_string()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(links, 1, "the order a key made is still its effect");
+}
+
+#[tokio::test]
+async fn the_service_leaves_the_key_table_exactly_as_the_engine_makes_it() {
+    let (service, engine) = (TestDatabase::create().await, TestDatabase::create().await);
+    let mut settings = stagedoor_checkout::config::Settings::load_from(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config"),
+        "local",
+    )
+    .unwrap();
+    settings.database.url = service.url.clone().into();
+    stagedoor_checkout::db::migrate(&settings.database)
+        .await
+        .unwrap();
+    idempotency::migrate(&mut engine.client().await)
+        .await
+        .unwrap();
+    let shape = |db: std::sync::Arc<TestDatabase>| async move {
+        let client = db.client().await;
+        let columns: Vec<String> = client
+            .query(
+                "SELECT format('%s %s %s %s', ordinal_position, column_name, data_type, is_nullable)
+                 FROM information_schema.columns
+                 WHERE table_name = 'idempotency_keys' ORDER BY ordinal_position",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let constraints: Vec<String> = client
+            .query(
+                "SELECT conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+                 WHERE conrelid = 'idempotency_keys'::regclass ORDER BY conname",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let indexes: Vec<String> = client
+            .query(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'idempotency_keys'
+                 ORDER BY indexname",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        (columns, constraints, indexes)
+    };
+    let (ours, its) = (shape(service).await, shape(engine).await);
+    assert!(!ours.0.is_empty());
+    assert_eq!(ours, its);
+    assert!(
+        !ours.1.iter().any(|c| c.contains("FOREIGN KEY")),
+        "the engine's table references nothing: {:?}",
+        ours.1
+    );
 }

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotency::RequestHash;
 use jsonwebtoken::{Algorithm, EncodingKey};
 use reqwest::Response;
 use serde_json::{json, Value};
-use stagedoor_checkout::idempotency::RequestHash;
 use uuid::Uuid;
 
 use crate::helpers::{new_key, order_body, spawn_app, spawn_app_with, Seen, TestApp};
@@ -652,20 +652,20 @@ async fn bob_cannot_take_over_alices_abandoned_key() {
     .unwrap();
     db.execute(
         "INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at,
-                                       order_id)
+                                       effect)
          VALUES ('alice', $1, $2, $3, now() - interval '1 minute', $4)",
-        &[&key, &hash.as_bytes(), &token, &order_id],
+        &[&key, &hash.as_bytes(), &token, &order_id.to_string()],
     )
     .await
     .unwrap();
     db.batch_execute("COMMIT").await.unwrap();
-    let alices_row = "SELECT claim_token, lease_expires_at::text, order_id, response_status
+    let alices_row = "SELECT claim_token, lease_expires_at::text, effect, response_status
                       FROM idempotency_keys WHERE user_id = 'alice'";
     let snapshot = |row: tokio_postgres::Row| {
         (
             row.get::<_, i64>(0),
             row.get::<_, String>(1),
-            row.get::<_, Option<Uuid>>(2),
+            row.get::<_, Option<String>>(2),
             row.get::<_, Option<i16>>(3),
         )
     };

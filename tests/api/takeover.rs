@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
+use idempotency::store;
+use idempotency::{Begin, Done, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
-use stagedoor_checkout::checkout::orders::{self, OrderRequest};
-use stagedoor_checkout::idempotency::store::{self, KeyPolicy};
-use stagedoor_checkout::idempotency::{
-    Begin, Finished, IdempotencyKey, RequestHash, StoredResponse,
-};
-use stagedoor_checkout::payrail;
+use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
+use stagedoor_checkout::{http, payrail};
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
 use crate::invariants::assert_invariants;
@@ -27,22 +25,15 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
     app.set_faults(json!({"latency_ms": 3_000})).await;
     let key = new_key();
 
-    let in_flight = {
-        let request = app
-            .as_buyer(app.http.post(format!("{}/orders", doomed.address)), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { request.send().await })
-    };
+    let in_flight = app.in_flight(
+        &doomed,
+        "/orders",
+        &key,
+        order_body(&[hold], "pm_card_visa"),
+    );
     // Payrail has made the charge and is sitting on its answer: kill -9.
-    for _ in 0..100 {
-        if !app.charges().await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    doomed.child.start_kill().unwrap();
-    doomed.child.wait().await.unwrap();
+    app.until_charged().await;
+    doomed.kill().await.expect("killed");
     assert!(
         in_flight.await.unwrap().is_err(),
         "the client lost its answer"
@@ -119,15 +110,16 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let hold = app.hold("alice", seats[0]).await;
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
-    let policy = KeyPolicy {
+    let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer);
+    let policy = Policy {
         ttl: Duration::from_secs(3600),
         lease: Duration::from_secs(1),
     };
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let request: OrderRequest = serde_json::from_str(&body).unwrap();
-    let client = pool.get().await.unwrap();
+    let request = NewOrder::parse(vec![hold], "pm_card_visa").unwrap();
+    let mut client = pool.get().await.unwrap();
 
     let Begin::Claimed(paused) = store::begin(&client, policy, "alice", &key, &hash)
         .await
@@ -144,20 +136,18 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     };
 
     // The paused request wakes up: its writes are fenced off.
-    let fenced = orders::place(&pool, &payrail, &paused, &request)
-        .await
-        .unwrap();
-    assert!(matches!(fenced, Finished::Fenced));
+    let fenced = orders.place(&paused, &request).await.unwrap();
+    assert!(matches!(fenced, Done::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
-    let stale = StoredResponse::json(200, b"stale".to_vec());
-    assert!(!store::complete(&client, &paused, &stale).await.unwrap());
+    let stale = StoredResponse::new(200, "text/plain", b"stale".to_vec());
+    let unit = paused.unit(&mut client).await.unwrap();
+    assert_eq!(unit.store(&stale).await.unwrap(), Fence::Lost);
+    unit.rollback().await.unwrap();
     assert!(!store::release(&client, &paused).await.unwrap());
 
     // The taker does the work once.
-    let done = orders::place(&pool, &payrail, &taker, &request)
-        .await
-        .unwrap();
-    assert!(matches!(done, Finished::Stored(ref r) if r.status == 201));
+    let done = orders.place(&taker, &request).await.unwrap();
+    assert!(matches!(done, Done::Stored(ref r) if r.status == 201));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(app.charges().await.len(), 1);
     assert_invariants(&app).await;
@@ -173,10 +163,7 @@ async fn sigterm_lets_an_in_flight_order_finish_and_exits_zero() {
 
     let in_flight = {
         let request = app
-            .as_buyer(
-                app.http.post(format!("{}/orders", service.address)),
-                "alice",
-            )
+            .as_buyer(app.http.post(format!("{}/orders", service.url())), "alice")
             .header("Idempotency-Key", new_key())
             .body(order_body(&[hold], "pm_card_visa"));
         tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
@@ -185,15 +172,15 @@ async fn sigterm_lets_an_in_flight_order_finish_and_exits_zero() {
     service.signal("TERM");
     let seen = in_flight.await.unwrap();
     assert_eq!(seen.status, 201, "the in-flight order finished");
-    let status = tokio::time::timeout(Duration::from_secs(15), service.child.wait())
+    let status = service
+        .wait(Duration::from_secs(15))
         .await
-        .expect("exits after draining")
-        .unwrap();
+        .expect("exits after draining");
     assert!(status.success(), "{status}");
     // Stopped accepting: nothing listens any more.
     assert!(app
         .http
-        .get(format!("{}/healthz", service.address))
+        .get(format!("{}/healthz", service.url()))
         .send()
         .await
         .is_err());

@@ -12,42 +12,14 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use test_support::{Rng, Seen};
 use uuid::Uuid;
 
-/// A small PRNG (splitmix64), seeded from a v4 UUID's random bits.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn seeded() -> Self {
-        Self(Uuid::new_v4().as_u64_pair().0)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-
-    pub fn pick(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-}
+/// The PRNG streams of the load, of the run's seed (`Rng::stream`): each
+/// buyer's, and the end's, per click. The monkey's are below these.
+const BUYER_STREAMS: u64 = 1_000;
+const FINISH_STREAMS: u64 = 1_000_000;
+const REPLAY_STREAMS: u64 = 2_000_000;
 
 /// Counters for the final table.
 #[derive(Default)]
@@ -88,18 +60,19 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One answer as a client sees it.
+/// One answer as a client sees it, and which instance gave it.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    pub status: u16,
-    /// The problem slug of an `application/problem+json` body.
-    pub slug: Option<String>,
-    pub replayed: bool,
-    pub retry_after: Option<u64>,
-    pub content_type: Option<String>,
-    pub location: Option<String>,
-    pub body: Vec<u8>,
+    pub seen: Seen,
     pub instance: usize,
+}
+
+impl std::ops::Deref for Answer {
+    type Target = Seen;
+
+    fn deref(&self) -> &Seen {
+        &self.seen
+    }
 }
 
 impl Answer {
@@ -112,12 +85,7 @@ impl Answer {
     }
 
     fn text(&self) -> String {
-        let body = String::from_utf8_lossy(&self.body);
-        let body: String = body.chars().take(300).collect();
-        format!(
-            "{} (instance {}, replayed {}) {body}",
-            self.status, self.instance, self.replayed
-        )
+        format!("instance {}: {}", self.instance, self.seen.text())
     }
 }
 
@@ -197,6 +165,8 @@ pub struct Shop {
     /// Which requests ran into the client's timeout, and when.
     pub timed_out: Mutex<Vec<String>>,
     started: Instant,
+    /// The run's seed: every PRNG of the load is a stream of it.
+    seed: u64,
 }
 
 pub fn buyer_name(i: usize) -> String {
@@ -226,7 +196,7 @@ const HOT_SEAT: f64 = 0.03;
 const MAX_SENDS: usize = 40;
 
 impl Shop {
-    pub fn new(urls: Vec<String>, tokens: Vec<String>, seats: Seats) -> Self {
+    pub fn new(urls: Vec<String>, tokens: Vec<String>, seats: Seats, seed: u64) -> Self {
         Self {
             urls,
             http: reqwest::Client::builder()
@@ -242,6 +212,7 @@ impl Shop {
             seen_violations: Mutex::new(Vec::new()),
             timed_out: Mutex::new(Vec::new()),
             started: Instant::now(),
+            seed,
         }
     }
 
@@ -264,43 +235,22 @@ impl Shop {
             .push(what);
     }
 
-    /// Classifies and counts one response.
+    /// Reads, classifies and counts one response.
     async fn read(&self, response: reqwest::Response, instance: usize) -> Sent {
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let status = response.status().as_u16();
         let path = response.url().path().to_owned();
-        let content_type = header("content-type");
-        let location = header("location");
-        let replayed = header("idempotent-replayed").as_deref() == Some("true");
-        let retry_after = header("retry-after").and_then(|v| v.parse().ok());
-        let body = match response.bytes().await {
-            Ok(body) => body.to_vec(),
+        let seen = match Seen::read(response).await {
+            Ok(seen) => seen,
             Err(e) if e.is_timeout() => return self.timeout(&path, instance),
             Err(_) => {
                 bump(&self.stats.connection_errors);
                 return Sent::Connection;
             }
         };
-        let slug = (content_type.as_deref() == Some("application/problem+json"))
-            .then(|| serde_json::from_slice::<Value>(&body).ok())
-            .flatten()
-            .and_then(|v| {
-                v["type"]
-                    .as_str()
-                    .and_then(|t| t.strip_prefix("https://stagedoor.example/problems/"))
-                    .map(str::to_owned)
-            });
         let s = &self.stats;
-        if replayed {
+        if seen.replayed {
             bump(&s.replays);
         }
-        match (status, slug.as_deref()) {
+        match (seen.status, seen.slug.as_deref()) {
             (201, _) => {}
             (402, _) => bump(&s.declined),
             (409, Some("request-in-progress")) => bump(&s.in_progress),
@@ -314,7 +264,7 @@ impl Shop {
                 self.violation(format!(
                     "{path} on instance {instance} answered 500 internal (its stderr has \
                      the cause): {}",
-                    String::from_utf8_lossy(&body)
+                    String::from_utf8_lossy(&seen.body)
                 ));
             }
             (503, _) => bump(&s.unavailable_503),
@@ -322,16 +272,7 @@ impl Shop {
             (500..=599, _) => bump(&s.other_5xx),
             _ => {}
         }
-        Sent::Answer(Answer {
-            status,
-            slug,
-            replayed,
-            retry_after,
-            content_type,
-            location,
-            body,
-            instance,
-        })
+        Sent::Answer(Answer { seen, instance })
     }
 
     fn failed(&self, error: &reqwest::Error, instance: usize) -> Sent {
@@ -343,23 +284,46 @@ impl Shop {
         }
     }
 
-    /// `POST /orders` with exactly these body bytes, to instance `instance`.
-    async fn post_order(&self, buyer: usize, key: &str, body: &str, instance: usize) -> Sent {
+    /// Sends `method path` to instance `instance` as `buyer` (`build` adds
+    /// the rest), counted as a request and in `kind`, and reads the answer.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        buyer: usize,
+        instance: usize,
+        kind: &AtomicU64,
+        build: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Sent {
         bump(&self.stats.requests);
-        bump(&self.stats.order_posts);
-        let sent = self
+        bump(kind);
+        let request = self
             .http
-            .post(format!("{}/orders", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .header("Idempotency-Key", key)
-            .header("Content-Type", "application/json")
-            .body(body.to_owned())
-            .send()
-            .await;
-        let sent = match sent {
+            .request(method, format!("{}{path}", self.urls[instance]))
+            .bearer_auth(&self.tokens[buyer]);
+        match build(request).send().await {
             Ok(response) => self.read(response, instance).await,
             Err(error) => self.failed(&error, instance),
-        };
+        }
+    }
+
+    /// `POST /orders` with exactly these body bytes, to instance `instance`.
+    async fn post_order(&self, buyer: usize, key: &str, body: &str, instance: usize) -> Sent {
+        let sent = self
+            .send(
+                reqwest::Method::POST,
+                "/orders",
+                buyer,
+                instance,
+                &self.stats.order_posts,
+                |request| {
+                    request
+                        .header("Idempotency-Key", key)
+                        .header("Content-Type", "application/json")
+                        .body(body.to_owned())
+                },
+            )
+            .await;
         if let Sent::Answer(answer) = &sent {
             if answer.status == 201 {
                 bump(&self.stats.created);
@@ -369,34 +333,22 @@ impl Shop {
     }
 
     async fn get(&self, buyer: usize, path: &str, instance: usize) -> Sent {
-        bump(&self.stats.requests);
-        bump(&self.stats.reads);
-        let sent = self
-            .http
-            .get(format!("{}{path}", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .send()
-            .await;
-        match sent {
-            Ok(response) => self.read(response, instance).await,
-            Err(error) => self.failed(&error, instance),
-        }
+        let reads = &self.stats.reads;
+        self.send(reqwest::Method::GET, path, buyer, instance, reads, |r| r)
+            .await
     }
 
     async fn post_hold(&self, buyer: usize, seat: i64, instance: usize) -> Sent {
-        bump(&self.stats.requests);
-        bump(&self.stats.hold_posts);
-        let sent = self
-            .http
-            .post(format!("{}/holds", self.urls[instance]))
-            .bearer_auth(&self.tokens[buyer])
-            .json(&json!({ "seat_id": seat }))
-            .send()
-            .await;
-        match sent {
-            Ok(response) => self.read(response, instance).await,
-            Err(error) => self.failed(&error, instance),
-        }
+        let holds = &self.stats.hold_posts;
+        self.send(
+            reqwest::Method::POST,
+            "/holds",
+            buyer,
+            instance,
+            holds,
+            |r| r.json(&json!({ "seat_id": seat })),
+        )
+        .await
     }
 
     /// A hot seat: 3-6 buyers (this one among them) ask for one fresh seat
@@ -555,10 +507,11 @@ impl Shop {
                 Sent::Answer(answer) => {
                     let wait = match (answer.status, answer.slug.as_deref()) {
                         (409, Some("request-in-progress")) => {
-                            Duration::from_secs(answer.retry_after.unwrap_or(1).min(5))
+                            Duration::from_secs(answer.retry_after_secs().unwrap_or(1).min(5))
                         }
                         (503, _) => Duration::from_millis(
-                            answer.retry_after.unwrap_or(1).min(2) * 1000 + rng.range(0, 250),
+                            answer.retry_after_secs().unwrap_or(1).min(2) * 1000
+                                + rng.range(0, 250),
                         ),
                         (500..=599, _) => Duration::from_millis(rng.range(200, 500)),
                         _ if answer.is_final() => Duration::ZERO,
@@ -687,7 +640,7 @@ impl Shop {
     /// A buyer: hold, click, retry, and again, until `until`.
     pub async fn buyer(self: Arc<Self>, buyer: usize, until: Instant) -> Vec<Click> {
         let started = Instant::now();
-        let mut rng = Rng::seeded();
+        let mut rng = Rng::stream(self.seed, BUYER_STREAMS + buyer as u64);
         let mut clicks = Vec::new();
         while Instant::now() < until {
             let seats = if rng.chance(TWO_SEATS) { 2 } else { 1 };
@@ -737,11 +690,12 @@ impl Shop {
     /// the others in `check_clicks`). Returns how many were replayed.
     pub async fn replay_all(&self, clicks: &mut [Click], until: Instant) -> usize {
         let replayed = AtomicUsize::new(0);
-        futures_util::stream::iter(clicks.iter_mut().filter(|c| c.final_answer().is_some()))
-            .for_each_concurrent(32, |click| {
+        let answered = clicks.iter_mut().filter(|c| c.final_answer().is_some());
+        futures_util::stream::iter(answered.enumerate())
+            .for_each_concurrent(32, |(n, click)| {
                 let replayed = &replayed;
                 async move {
-                    let mut rng = Rng::seeded();
+                    let mut rng = Rng::stream(self.seed, REPLAY_STREAMS + n as u64);
                     for _ in 0..3 {
                         if Instant::now() >= until {
                             return;
@@ -769,9 +723,10 @@ impl Shop {
     /// Retries every click without a final answer, with its own key, until
     /// each has one or `until` passes.
     pub async fn finish(&self, clicks: &mut [Click], until: Instant) {
-        futures_util::stream::iter(clicks.iter_mut().filter(|c| c.final_answer().is_none()))
-            .for_each_concurrent(32, |click| async move {
-                let mut rng = Rng::seeded();
+        let unanswered = clicks.iter_mut().filter(|c| c.final_answer().is_none());
+        futures_util::stream::iter(unanswered.enumerate())
+            .for_each_concurrent(32, |(n, click)| async move {
+                let mut rng = Rng::stream(self.seed, FINISH_STREAMS + n as u64);
                 self.drive(click, &mut rng, until, usize::MAX).await;
             })
             .await;

@@ -2,15 +2,143 @@
 //! seconds, SIGKILLed service processes restarted on their own ports, and
 //! one restart of PostgreSQL in the middle. Everything it does is logged
 //! with the time since the start, and counted.
+//!
+//! What to break and for how long comes from two schedules, each drawn from
+//! a PRNG stream of the run's seed ([`FaultSchedule`], [`KillSchedule`]):
+//! the same seed gives the same sequence of fault profiles and of kills
+//! (which instance, how long it stays down, how long until the next). The
+//! database restarts are evenly spread, with no randomness.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use test_support::postgres::Postgres;
+use test_support::{sandbox, Rng};
 
-use crate::cluster::{Postgres, Services};
-use crate::load::Rng;
+use crate::cluster::Services;
+
+/// The PRNG streams of the run's seed that the schedules draw from.
+const FAULT_STREAM: u64 = 1;
+const KILL_STREAM: u64 = 2;
+
+/// One fault profile of the sandbox, and how long it stays on.
+pub struct FaultStep {
+    pub name: &'static str,
+    pub faults: Value,
+    pub lasts: Duration,
+}
+
+/// The endless sequence of fault profiles of a seed: one in three quiet,
+/// the others latency past the service's Payrail timeout, errors, dropped
+/// answers after the charge, or both; each for 3-6 s.
+pub struct FaultSchedule {
+    rng: Rng,
+    timeout_ms: u64,
+}
+
+impl FaultSchedule {
+    pub fn new(seed: u64, timeout_ms: u64) -> Self {
+        Self {
+            rng: Rng::stream(seed, FAULT_STREAM),
+            timeout_ms,
+        }
+    }
+}
+
+impl Iterator for FaultSchedule {
+    type Item = FaultStep;
+
+    fn next(&mut self) -> Option<FaultStep> {
+        let rng = &mut self.rng;
+        let rate = |rng: &mut Rng| (rng.range(30, 100) as f64) / 100.0;
+        let (name, faults) = match rng.pick(6) {
+            0 | 1 => ("quiet", json!({})),
+            2 => (
+                "latency",
+                json!({"latency_ms": self.timeout_ms + rng.range(200, 800)}),
+            ),
+            3 => ("errors", json!({"error_rate": rate(rng)})),
+            4 => ("drops", json!({"drop_after_charge_rate": rate(rng)})),
+            _ => (
+                "errors+drops",
+                json!({
+                    "error_rate": rate(rng) / 2.0,
+                    "drop_after_charge_rate": rate(rng) / 2.0,
+                }),
+            ),
+        };
+        let lasts = Duration::from_millis(rng.range(3_000, 6_000));
+        Some(FaultStep {
+            name,
+            faults,
+            lasts,
+        })
+    }
+}
+
+/// One kill: after `wait`, SIGKILL `instance`, start it again after `down`.
+pub struct KillStep {
+    pub wait: Duration,
+    pub instance: usize,
+    pub down: Duration,
+}
+
+/// The endless sequence of kills of a seed: the first after 8-15 s, then
+/// one every 10-20 s after the last instance is back, each down for
+/// 0.3-2 s.
+pub struct KillSchedule {
+    rng: Rng,
+    instances: usize,
+    first: bool,
+}
+
+impl KillSchedule {
+    pub fn new(seed: u64, instances: usize) -> Self {
+        Self {
+            rng: Rng::stream(seed, KILL_STREAM),
+            instances,
+            first: true,
+        }
+    }
+}
+
+impl Iterator for KillSchedule {
+    type Item = KillStep;
+
+    fn next(&mut self) -> Option<KillStep> {
+        let wait = if std::mem::take(&mut self.first) {
+            self.rng.range(8_000, 15_000)
+        } else {
+            self.rng.range(10_000, 20_000)
+        };
+        Some(KillStep {
+            wait: Duration::from_millis(wait),
+            instance: self.rng.pick(self.instances),
+            down: Duration::from_millis(self.rng.range(300, 2_000)),
+        })
+    }
+}
+
+/// The first steps of both schedules of `seed`, as the monkey will log
+/// them (a replay with the same seed prints the same).
+pub fn preview(seed: u64, timeout_ms: u64, instances: usize, steps: usize) -> [String; 2] {
+    let faults: Vec<String> = FaultSchedule::new(seed, timeout_ms)
+        .take(steps)
+        .map(|step| format!("{} {} for {:.1?}", step.name, step.faults, step.lasts))
+        .collect();
+    let kills: Vec<String> = KillSchedule::new(seed, instances)
+        .take(steps)
+        .map(|step| {
+            format!(
+                "after {:.1?} instance {} down {:.1?}",
+                step.wait, step.instance, step.down
+            )
+        })
+        .collect();
+    [faults.join("; "), kills.join("; ")]
+}
 
 /// How long a restarted instance may take to be healthy again.
 const RESTART_WITHIN: Duration = Duration::from_secs(60);
@@ -60,67 +188,52 @@ impl Monkey {
 
     /// Sets the sandbox's faults; an error here is the harness's, so it panics.
     pub async fn set_faults(&self, sandbox: &str, faults: &Value) {
-        let response = self
-            .control
-            .post(format!("{sandbox}/v1/sandbox/faults"))
-            .json(faults)
-            .send()
-            .await
-            .expect("POST /v1/sandbox/faults");
-        assert!(
-            response.status().is_success(),
-            "setting faults {faults}: {}",
-            response.status()
-        );
+        sandbox::set_faults(&self.control, sandbox, faults).await;
     }
 
-    /// A new fault profile every 3-6 s until `until`, then none.
-    pub async fn faults(self: Arc<Self>, sandbox: String, timeout_ms: u64, until: Instant) {
-        let mut rng = Rng::seeded();
-        while Instant::now() < until {
-            let rate = |rng: &mut Rng| (rng.range(30, 100) as f64) / 100.0;
-            let (name, faults) = match rng.pick(6) {
-                0 | 1 => ("quiet", json!({})),
-                2 => (
-                    "latency",
-                    json!({"latency_ms": timeout_ms + rng.range(200, 800)}),
-                ),
-                3 => ("errors", json!({"error_rate": rate(&mut rng)})),
-                4 => ("drops", json!({"drop_after_charge_rate": rate(&mut rng)})),
-                _ => (
-                    "errors+drops",
-                    json!({
-                        "error_rate": rate(&mut rng) / 2.0,
-                        "drop_after_charge_rate": rate(&mut rng) / 2.0,
-                    }),
-                ),
-            };
-            self.set_faults(&sandbox, &faults).await;
+    /// The fault profiles of `schedule`, each for its time, until `until`;
+    /// then none.
+    pub async fn faults(self: Arc<Self>, sandbox: String, schedule: FaultSchedule, until: Instant) {
+        for step in schedule {
+            if Instant::now() >= until {
+                break;
+            }
+            self.set_faults(&sandbox, &step.faults).await;
             self.fault_changes.fetch_add(1, Ordering::Relaxed);
-            self.say(&format!("payrail faults: {name} {faults}"));
-            sleep_until_or(until, Duration::from_millis(rng.range(3_000, 6_000))).await;
+            self.say(&format!(
+                "payrail faults: {} {} for {:.1?}",
+                step.name, step.faults, step.lasts
+            ));
+            sleep_until_or(until, step.lasts).await;
         }
         self.set_faults(&sandbox, &json!({})).await;
         self.say("payrail faults: off");
     }
 
-    /// SIGKILL a random instance every 10-20 s and start it again on its
-    /// port; instances that died by themselves are noted and restarted.
-    pub async fn kills(self: Arc<Self>, services: Arc<Services>, until: Instant) {
-        let mut rng = Rng::seeded();
-        sleep_until_or(until, Duration::from_millis(rng.range(8_000, 15_000))).await;
-        while Instant::now() + Duration::from_secs(5) < until {
+    /// The kills of `schedule` until 5 s before `until`: SIGKILL the
+    /// instance and start it again on its port; instances that died by
+    /// themselves are noted and restarted first.
+    pub async fn kills(
+        self: Arc<Self>,
+        services: Arc<Services>,
+        schedule: KillSchedule,
+        until: Instant,
+    ) {
+        for step in schedule {
+            sleep_until_or(until, step.wait).await;
+            if Instant::now() + Duration::from_secs(5) >= until {
+                break;
+            }
             self.revive(&services).await;
-            let i = rng.pick(services.len());
+            let i = step.instance;
             services.kill(i).await;
             self.kills.fetch_add(1, Ordering::Relaxed);
-            self.say(&format!("SIGKILL instance {i}"));
-            tokio::time::sleep(Duration::from_millis(rng.range(300, 2_000))).await;
+            self.say(&format!("SIGKILL instance {i} (down {:.1?})", step.down));
+            tokio::time::sleep(step.down).await;
             match services.start(i, RESTART_WITHIN).await {
                 Ok(took) => self.say(&format!("instance {i} healthy again after {took:.1?}")),
                 Err(error) => self.problem(error),
             }
-            sleep_until_or(until, Duration::from_millis(rng.range(10_000, 20_000))).await;
         }
     }
 

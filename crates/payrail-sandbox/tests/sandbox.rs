@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use payrail_sandbox::Sandbox;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use stagedoor_checkout::payrail::sandbox::Sandbox;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Barrier;
 

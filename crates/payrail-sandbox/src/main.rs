@@ -10,7 +10,7 @@ use std::net::TcpListener;
 
 use anyhow::Context;
 use clap::Parser;
-use stagedoor_checkout::payrail::sandbox::Sandbox;
+use payrail_sandbox::Sandbox;
 
 /// A stand-alone imitation of the Payrail payment provider, for development
 /// and tests only: it never moves money and keeps everything in memory.

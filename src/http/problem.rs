@@ -11,8 +11,11 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use uuid::Uuid;
 
+use idempotency::actix::Refusal;
+use idempotency::{KeyError, StoredResponse};
+
+use crate::checkout::CheckoutError;
 use crate::db::DbError;
-use crate::idempotency::{KeyError, Media, StoredResponse};
 use crate::payrail::PaymentError;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
@@ -203,13 +206,18 @@ impl Problem {
                 _ => None,
             },
         };
-        StoredResponse {
-            status: status.as_u16(),
-            // Serializing plain strings and numbers cannot fail.
-            body: serde_json::to_vec(&body).unwrap_or_default(),
-            media: Media::Problem,
-            created_order: None,
-        }
+        // Serializing plain strings and numbers cannot fail.
+        StoredResponse::new(
+            status.as_u16(),
+            CONTENT_TYPE,
+            serde_json::to_vec(&body).unwrap_or_default(),
+        )
+    }
+
+    /// True for a refusal that answers the intent (a 4xx): stored under its
+    /// key and replayed. A 5xx is not an answer and is never stored.
+    pub fn is_answer(&self) -> bool {
+        self.status().is_client_error()
     }
 
     fn retry_after(&self) -> Option<Duration> {
@@ -236,6 +244,44 @@ impl From<DbError> for Problem {
 impl From<tokio_postgres::Error> for Problem {
     fn from(error: tokio_postgres::Error) -> Self {
         DbError::from(error).into()
+    }
+}
+
+impl From<idempotency::Error> for Problem {
+    fn from(error: idempotency::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<idempotency::RunError<Problem>> for Problem {
+    fn from(error: idempotency::RunError<Problem>) -> Self {
+        match error {
+            idempotency::RunError::Store(error) => error.into(),
+            idempotency::RunError::Work(problem) => problem,
+        }
+    }
+}
+
+impl From<Refusal> for Problem {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::InProgress => Problem::RequestInProgress,
+            Refusal::KeyReused => Problem::KeyReused,
+        }
+    }
+}
+
+impl From<CheckoutError> for Problem {
+    fn from(error: CheckoutError) -> Self {
+        match error {
+            CheckoutError::NoSuchSeat => Problem::NotFound("there is no seat with this seat_id"),
+            CheckoutError::SeatUnavailable => Problem::SeatUnavailable,
+            CheckoutError::HoldUnavailable => Problem::HoldUnavailable,
+            CheckoutError::InvalidOrder(why) => Problem::InvalidOrder(why),
+            CheckoutError::Payment(error) => error.into(),
+            CheckoutError::Db(error) => error.into(),
+            error @ CheckoutError::Inconsistent(_) => Problem::Internal(error.into()),
+        }
     }
 }
 
@@ -301,7 +347,7 @@ mod tests {
         let response = Problem::HoldUnavailable.to_response();
         let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
         assert_eq!(response.status, 409);
-        assert_eq!(response.media.content_type(), "application/problem+json");
+        assert_eq!(response.content_type, "application/problem+json");
         assert_eq!(
             body["type"],
             "https://stagedoor.example/problems/hold-unavailable"

@@ -1,9 +1,9 @@
-//! The optional Redis gate in front of the key table (`idempotency.lock =
-//! redis`): `SET idem:{user_id}:{key} 1 NX EX <lease_secs>` lets one request
+//! The optional Redis gate in front of the key table:
+//! `SET idem:{user_id}:{key} 1 NX EX <lease_secs>` lets one request
 //! at a time try to claim a key, so duplicates of a click in flight are
 //! turned away with a read instead of a write to PostgreSQL. The lock lives
-//! while its claim is in flight and is deleted when it ends. The table still decides and
-//! still stores every answer, so a lock that expires early can never cause a
+//! while its claim is in flight and is deleted when it ends. The table still
+//! decides and still stores every answer, so a lock that expires early can never cause a
 //! finished request to run again. If Redis is unreachable the gate opens and
 //! the table alone decides.
 
@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use super::IdempotencyKey;
-use crate::config::{IdempotencySettings, LockMode, RedisSettings};
+use crate::{Error, IdempotencyKey};
 
 #[derive(Clone)]
 pub enum Gate {
@@ -21,22 +20,11 @@ pub enum Gate {
     Redis(ConnectionManager),
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("connecting to Redis (redis.url)")]
-pub struct GateError(#[from] redis::RedisError);
-
 impl Gate {
-    pub async fn connect(
-        idempotency: &IdempotencySettings,
-        redis: &RedisSettings,
-    ) -> Result<Self, GateError> {
-        match idempotency.lock {
-            LockMode::Table => Ok(Gate::Table),
-            LockMode::Redis => {
-                let client = redis::Client::open(secrecy::ExposeSecret::expose_secret(&redis.url))?;
-                Ok(Gate::Redis(ConnectionManager::new(client).await?))
-            }
-        }
+    /// A gate on the Redis server at `url` (`redis://host:port`).
+    pub async fn redis(url: &str) -> Result<Self, Error> {
+        let client = redis::Client::open(url)?;
+        Ok(Gate::Redis(ConnectionManager::new(client).await?))
     }
 
     /// True when this request may try to claim the key in the table; false

@@ -1,0 +1,338 @@
+//! The flow of one keyed request: claim or read the key, run the work at most
+//! once, store its answer, and say what to answer. Knows SQL, not HTTP.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+
+use crate::store::{self, Begin};
+use crate::unit::{self, Committed, Fence};
+use crate::wait::{WaitOutcome, Waiters};
+use crate::{Error, Gate, IdempotencyKey, RequestHash, StoredResponse};
+
+/// Lifetimes of a key: how long it means the same intent, and how long an
+/// in-progress claim belongs to its request before another may take it over.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub ttl: Duration,
+    pub lease: Duration,
+}
+
+/// The right to do the work of one intent, until the lease runs out.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The scope the key belongs to (the buyer, the tenant): two scopes never
+    /// share a key.
+    pub user_id: String,
+    pub key: IdempotencyKey,
+    /// Fences every write after the claim: 62 random bits, new per claim.
+    pub token: i64,
+    /// The effect an earlier holder of this key linked and that is still
+    /// settling, when this claim is a takeover: resume it, never make another.
+    pub effect: Option<String>,
+    pub kind: ClaimKind,
+}
+
+/// How a claim was won.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    /// The key was new.
+    First,
+    /// The key was past its TTL: a new intent under an old key.
+    Expired,
+    /// The key was in progress past its lease: this claim finishes the intent.
+    Abandoned,
+}
+
+impl ClaimKind {
+    fn outcome(self) -> Outcome {
+        match self {
+            ClaimKind::First => Outcome::First,
+            ClaimKind::Expired => Outcome::ExpiredTakeover,
+            ClaimKind::Abandoned => Outcome::LeaseTakeover,
+        }
+    }
+}
+
+/// How the work of a claim ended, as the work reports it.
+#[derive(Debug)]
+pub enum Done {
+    /// The work committed its effect and this answer together
+    /// ([`Unit::store`](crate::Unit::store), then `finish`).
+    Stored(StoredResponse),
+    /// An answer that no durable effect stands behind (a refusal made before
+    /// anything was written): the engine stores it.
+    Answer(StoredResponse),
+    /// The claim was lost to a takeover before the answer could be stored.
+    Fenced,
+}
+
+impl Done {
+    /// How a unit that stored `answer` ended, as the work reports it.
+    pub fn stored(committed: Committed, answer: StoredResponse) -> Self {
+        match committed {
+            Committed::Done => Done::Stored(answer),
+            Committed::Fenced => Done::Fenced,
+        }
+    }
+}
+
+/// What to answer the request.
+#[derive(Debug)]
+pub enum Reply {
+    /// This request did the work; its answer, as stored.
+    First(StoredResponse),
+    /// The intent's stored answer, again.
+    Replay(StoredResponse),
+    /// Another request holds the intent right now: come back shortly.
+    InProgress,
+    /// The key was first used for a different request; never its answer.
+    KeyReused,
+}
+
+/// A failure of a keyed request: the engine's, or the work's own. A work
+/// error is not an answer and is never stored: the key is given back when no
+/// effect was linked, and stays in progress (for a takeover or a settling
+/// job to finish) when one was.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<E> {
+    #[error(transparent)]
+    Store(#[from] Error),
+    #[error(transparent)]
+    Work(E),
+}
+
+/// What the key decided, for metrics: every request ends in one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    First,
+    Replay,
+    InProgress,
+    KeyReused,
+    ExpiredTakeover,
+    LeaseTakeover,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::First,
+        Outcome::Replay,
+        Outcome::InProgress,
+        Outcome::KeyReused,
+        Outcome::ExpiredTakeover,
+        Outcome::LeaseTakeover,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::First => "first",
+            Outcome::Replay => "replay",
+            Outcome::InProgress => "in_progress",
+            Outcome::KeyReused => "key_reused",
+            Outcome::ExpiredTakeover => "expired_takeover",
+            Outcome::LeaseTakeover => "lease_takeover",
+        }
+    }
+
+    fn of(begun: &Begin) -> Self {
+        match begun {
+            Begin::Claimed(claim) => claim.kind.outcome(),
+            Begin::Replay(_) => Outcome::Replay,
+            Begin::InProgress => Outcome::InProgress,
+            Begin::KeyReused => Outcome::KeyReused,
+        }
+    }
+}
+
+/// The engine: a pool on the database that holds `idempotency_keys`
+/// ([`migrate`](crate::migrate) makes it), the key policy, the optional
+/// Redis gate, and a hook that sees every [`Outcome`].
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) pool: Pool,
+    pub(crate) policy: Policy,
+    pub(crate) gate: Gate,
+    observe: Arc<dyn Fn(Outcome) + Send + Sync>,
+    pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
+    pub(crate) waiters: Waiters,
+}
+
+impl Engine {
+    pub fn new(pool: Pool, policy: Policy) -> Self {
+        Self {
+            pool,
+            policy,
+            gate: Gate::Table,
+            observe: Arc::new(|_| {}),
+            observe_wait: Arc::new(|_, _| {}),
+            waiters: Waiters::default(),
+        }
+    }
+
+    /// Puts a gate in front of the table (see [`Gate`]).
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// Calls `observe` with what the key decided, once per request.
+    pub fn on_outcome(mut self, observe: impl Fn(Outcome) + Send + Sync + 'static) -> Self {
+        self.observe = Arc::new(observe);
+        self
+    }
+
+    /// Calls `observe` with how each wait ended and how long it took.
+    pub fn on_wait(
+        mut self,
+        observe: impl Fn(WaitOutcome, Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.observe_wait = Arc::new(observe);
+        self
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Runs `work` at most once for this (scope, key, request) and says what
+    /// to answer. The work gets the claim; it makes its effect in a
+    /// [`Unit`](crate::Unit) of the claim and reports how it ended.
+    pub async fn run<W, Fut, E>(
+        &self,
+        user_id: &str,
+        key: &IdempotencyKey,
+        hash: &RequestHash,
+        work: W,
+    ) -> Result<Reply, RunError<E>>
+    where
+        W: FnOnce(Claim) -> Fut,
+        Fut: Future<Output = Result<Done, E>>,
+    {
+        let ran = self
+            .run_waiting(user_id, key, hash, Duration::ZERO, work)
+            .await?;
+        Ok(ran.reply)
+    }
+
+    /// Claims the key, or reads what it holds: through the gate when there
+    /// is one. Also says whether this request holds the gate now.
+    pub(crate) async fn decide(
+        &self,
+        user_id: &str,
+        key: &IdempotencyKey,
+        hash: &RequestHash,
+    ) -> Result<(Begin, bool), Error> {
+        let admitted = self.gate.enter(user_id, key, self.policy.lease).await;
+        let client = self.pool.get().await?;
+        let begun = if admitted {
+            store::begin(&client, self.policy, user_id, key, hash).await?
+        } else {
+            store::current(&client, self.policy, user_id, key, hash).await?
+        };
+        Ok((begun, admitted))
+    }
+
+    /// What the key decided for a request that does not get to do the work;
+    /// the gate, if this request took it, is given back.
+    pub(crate) async fn decided(
+        &self,
+        begun: Begin,
+        admitted: bool,
+        user_id: &str,
+        key: &IdempotencyKey,
+    ) -> Reply {
+        (self.observe)(Outcome::of(&begun));
+        if admitted {
+            self.gate.leave(user_id, key).await;
+        }
+        reply(begun)
+    }
+
+    /// Does the work of a claim and stores its answer.
+    pub(crate) async fn work<W, Fut, E>(
+        &self,
+        claim: Claim,
+        hash: &RequestHash,
+        work: W,
+    ) -> Result<Reply, RunError<E>>
+    where
+        W: FnOnce(Claim) -> Fut,
+        Fut: Future<Output = Result<Done, E>>,
+    {
+        (self.observe)(claim.kind.outcome());
+        let finished = work(claim.clone()).await;
+        let fenced = matches!(finished, Ok(Done::Fenced));
+        let answer = match finished {
+            Ok(Done::Stored(response)) => Ok(Reply::First(response)),
+            Ok(Done::Answer(response)) => self.store(&claim, hash, response).await,
+            Ok(Done::Fenced) => self.current(&claim, hash).await,
+            Err(error) => {
+                self.release(&claim).await;
+                Err(RunError::Work(error))
+            }
+        };
+        // The gate marks a claim in flight. This one is over, unless it was
+        // fenced off, in which case the gate now belongs to the request that
+        // took the key over.
+        if !fenced {
+            self.gate.leave(&claim.user_id, &claim.key).await;
+        }
+        answer
+    }
+
+    /// Claims or reads the key, without any work: what `run` starts with.
+    pub async fn begin(
+        &self,
+        user_id: &str,
+        key: &IdempotencyKey,
+        hash: &RequestHash,
+    ) -> Result<Begin, Error> {
+        let client = self.pool.get().await?;
+        store::begin(&client, self.policy, user_id, key, hash).await
+    }
+
+    async fn store<E>(
+        &self,
+        claim: &Claim,
+        hash: &RequestHash,
+        response: StoredResponse,
+    ) -> Result<Reply, RunError<E>> {
+        let client = self.pool.get().await.map_err(Error::from)?;
+        match unit::store_answer(&client, claim, &response).await? {
+            Fence::Held => Ok(Reply::First(response)),
+            Fence::Lost => {
+                drop(client);
+                self.current(claim, hash).await
+            }
+        }
+    }
+
+    /// For a request fenced off by a takeover: whatever the key says now.
+    async fn current<E>(&self, claim: &Claim, hash: &RequestHash) -> Result<Reply, RunError<E>> {
+        let client = self.pool.get().await.map_err(Error::from)?;
+        let now = store::current(&client, self.policy, &claim.user_id, &claim.key, hash).await?;
+        Ok(reply(now))
+    }
+
+    /// Gives the key back if nothing durable was made, so that a retry starts
+    /// afresh; a key with a linked effect stays in progress.
+    async fn release(&self, claim: &Claim) {
+        let released = match self.pool.get().await {
+            Ok(client) => store::release(&client, claim).await,
+            Err(error) => Err(error.into()),
+        };
+        if let Err(error) = released {
+            tracing::warn!(%error, "could not release an idempotency key");
+        }
+    }
+}
+
+fn reply(begun: Begin) -> Reply {
+    match begun {
+        Begin::Replay(response) => Reply::Replay(response),
+        Begin::KeyReused => Reply::KeyReused,
+        Begin::InProgress | Begin::Claimed(_) => Reply::InProgress,
+    }
+}

@@ -1,0 +1,58 @@
+//! The engine's one error type. It says whether the database was out of
+//! reach (the caller may answer 503 and the client retry with the same key)
+//! or something else failed (a 500); how either is shown is the caller's.
+
+/// A failure of the key table, its migrations or the Redis gate's set-up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no database connection available")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("database error")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("applying the key table's migrations")]
+    Migrate(#[from] refinery::Error),
+    #[error("connecting to Redis")]
+    Redis(#[from] redis::RedisError),
+}
+
+impl Error {
+    /// True when the database could not be reached, as opposed to a
+    /// statement that failed: the same request may succeed later.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Pool(_) => true,
+            Error::Postgres(e) => is_unavailable(e),
+            Error::Migrate(_) | Error::Redis(_) => false,
+        }
+    }
+}
+
+/// A closed connection, no SQLSTATE at all (the server went away mid-way), or
+/// one that means "the server is going away or not there yet": class 08
+/// (connection exception), 57P01-57P03 (administrator shutdown, crash,
+/// starting up) and 53300 (too many connections).
+pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
+    error.is_closed()
+        || error
+            .code()
+            .is_none_or(|code| is_unavailable_state(code.code()))
+}
+
+fn is_unavailable_state(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_unavailable_state;
+
+    #[test]
+    fn a_server_going_away_is_unavailable_and_a_bad_query_is_not() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08001", "53300"] {
+            assert!(is_unavailable_state(code), "{code}");
+        }
+        for code in ["23505", "42P01", "40001", "22P02"] {
+            assert!(!is_unavailable_state(code), "{code}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Idempotency keys on PostgreSQL: one intent, one execution, one stored
+//! answer, across retries, instances and crashes.
+//!
+//! A client makes a key when its user acts and sends it with every retry of
+//! that act. The first request with a key claims it (one `INSERT … ON
+//! CONFLICT` decides every race, on `PRIMARY KEY (user_id, key)`), does the
+//! work, and stores the answer; every later request with the same key and the
+//! same request gets that answer back, byte for byte, and the work is never
+//! done twice.
+//!
+//! # What it guarantees
+//! - **One execution.** The work of an intent runs once. Its durable effect
+//!   commits in the same transaction as its answer, or as a link to an effect
+//!   that is still settling (a [`Unit`]), fenced by the claim's token: a
+//!   crash at any point leaves either nothing (the retry starts afresh) or a
+//!   committed effect that a retry resumes or replays, never re-runs.
+//! - **Crash recovery.** A claim belongs to its request for the lease; after
+//!   it, a retry takes the key over (one conditional update decides who) and
+//!   finishes the intent, resuming the linked effect if there is one. A
+//!   request that lost its claim (a long pause) writes nothing.
+//! - **Replays are exact**: status, `Content-Type`, `Location`, body bytes.
+//! - **No cross-talk**: a key is scoped by `user_id`; the same key with a
+//!   different request (method, path, body) is refused, never answered.
+//! - **Expiry**: a key older than its TTL is a new intent; [`Cleanup`]
+//!   deletes expired keys in short batches, one instance at a time.
+//!
+//! # What it asks of the caller
+//! - Run [`migrate`] on the database (it owns the table `idempotency_keys`).
+//! - Authenticate first: `user_id` must be the caller's real identity.
+//! - Read the key and the body before anything is written; reject a bad key
+//!   (`KeyError`) without touching the table.
+//! - Make every durable effect in a [`Unit`] of the claim and end it with
+//!   [`Unit::store`] or [`Unit::link`] and [`Unit::finish`]; report a refusal
+//!   that wrote nothing as [`Done::Answer`]; report a failure that is not an
+//!   answer (a timeout, a 5xx) as an error, which is never stored.
+//! - Never hold a unit (a transaction) across a call to another system: link
+//!   the effect, commit, call, then settle in a second unit.
+//!
+//! # A toy endpoint
+//! A counter that a retried `POST /bump` must not bump twice:
+//!
+//! ```no_run
+//! use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+//! use idempotency::{actix, Done, Engine, Policy, StoredResponse};
+//! use std::time::Duration;
+//!
+//! async fn bump(
+//!     engine: web::Data<Engine>,
+//!     pool: web::Data<deadpool_postgres::Pool>,
+//!     req: HttpRequest,
+//!     body: web::Bytes,
+//! ) -> HttpResponse {
+//!     let Ok(Some(key)) = actix::key(&req) else {
+//!         return HttpResponse::BadRequest().body("send one valid Idempotency-Key");
+//!     };
+//!     let user = "alice"; // the authenticated caller
+//!     let hash = actix::fingerprint(&req, &body);
+//!     let reply = engine
+//!         .run(user, &key, &hash, |claim| async move {
+//!             let mut client = pool.get().await.map_err(idempotency::Error::from)?;
+//!             let unit = claim.unit(&mut client).await?;
+//!             let row = unit
+//!                 .tx()
+//!                 .query_one("UPDATE counter SET n = n + 1 RETURNING n", &[])
+//!                 .await
+//!                 .map_err(idempotency::Error::from)?;
+//!             let n: i64 = row.get(0);
+//!             let answer = StoredResponse::new(200, "text/plain", n.to_string().into_bytes());
+//!             let fence = unit.store(&answer).await?;
+//!             Ok::<_, idempotency::Error>(Done::stored(unit.finish(fence).await?, answer))
+//!         })
+//!         .await;
+//!     match reply.map(actix::respond) {
+//!         Ok(Ok(response)) => response,
+//!         Ok(Err(actix::Refusal::InProgress)) => HttpResponse::Conflict().body("retry shortly"),
+//!         Ok(Err(actix::Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
+//!         Err(_) => HttpResponse::ServiceUnavailable().finish(),
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let url = "postgres://postgres@127.0.0.1:5432/toy";
+//!     let mut client = idempotency::connect(url).await?;
+//!     idempotency::migrate(&mut client).await?;
+//!     client
+//!         .batch_execute(
+//!             "CREATE TABLE IF NOT EXISTS counter (n bigint NOT NULL);
+//!              INSERT INTO counter SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM counter)",
+//!         )
+//!         .await?;
+//!     let config: tokio_postgres::Config = url.parse()?;
+//!     let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+//!     let pool = deadpool_postgres::Pool::builder(manager).max_size(8).build()?;
+//!     let policy = Policy { ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30) };
+//!     let engine = web::Data::new(Engine::new(pool.clone(), policy));
+//!     let pool = web::Data::new(pool);
+//!     HttpServer::new(move || {
+//!         App::new()
+//!             .app_data(engine.clone())
+//!             .app_data(pool.clone())
+//!             .route("/bump", web::post().to(bump))
+//!     })
+//!     .bind(("127.0.0.1", 8090))?
+//!     .run()
+//!     .await?;
+//!     Ok(())
+//! }
+//! ```
+
+#[cfg(feature = "actix")]
+pub mod actix;
+pub mod cleanup; // batched deletion of expired keys
+mod engine; // the flow of a keyed request
+mod error;
+mod fingerprint; // the request hash
+mod gate; // the optional Redis gate
+mod key; // the Idempotency-Key value
+mod migrate; // the key table's own migrations
+mod response; // what is stored and replayed
+pub mod store; // the claim side of the key table
+mod unit; // the atomic step: effect and key state in one transaction
+mod wait; // waiting for another request's answer
+
+pub use cleanup::Cleanup;
+pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunError};
+pub use error::{is_unavailable, Error};
+pub use fingerprint::RequestHash;
+pub use gate::Gate;
+pub use key::{IdempotencyKey, KeyError};
+pub use migrate::{migrate, HISTORY_TABLE};
+pub use response::StoredResponse;
+pub use store::Begin;
+pub use unit::{store_for_effect, Committed, Fence, Unit};
+pub use wait::{Ran, WaitOutcome};
+
+/// Opens one connection outside any pool (migrations, tools), driven by a
+/// task of its own.
+pub async fn connect(url: &str) -> Result<tokio_postgres::Client, Error> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(%error, "database connection closed");
+        }
+    });
+    Ok(client)
+}

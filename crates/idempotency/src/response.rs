@@ -1,0 +1,30 @@
+//! What is stored for an intent: its first answer, replayed byte for byte.
+
+/// An answer as it was first given: the status, the headers a client acts on
+/// (`Content-Type`, `Location`) and the body bytes. The engine never looks
+/// inside; a replay gives back exactly these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub content_type: String,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// An answer with a body of this media type and no `Location`.
+    pub fn new(status: u16, content_type: impl Into<String>, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            content_type: content_type.into(),
+            location: None,
+            body,
+        }
+    }
+
+    /// The same answer, naming the resource it made.
+    pub fn with_location(mut self, location: impl Into<String>) -> Self {
+        self.location = Some(location.into());
+        self
+    }
+}

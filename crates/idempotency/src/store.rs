@@ -1,0 +1,310 @@
+//! The key table's claim side: the insert that decides a race, the reads,
+//! and the two takeovers (a key past its TTL, a claim past its lease).
+//!
+//! `PRIMARY KEY (user_id, key)` decides every race; nothing here reads and
+//! then writes without a condition that the database re-checks. A claim
+//! carries a token, and every write after the claim is conditional on still
+//! holding it (see `unit`), so a request that lost its lease writes nothing.
+//! Every statement names `user_id`, so each one touches one shard of a table
+//! distributed by it.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::{Claim, ClaimKind, Error, IdempotencyKey, Policy, RequestHash, StoredResponse};
+
+/// What the key row says about a request.
+#[derive(Debug)]
+pub enum Begin {
+    /// This request does the work.
+    Claimed(Claim),
+    /// The intent has an answer: give it again.
+    Replay(StoredResponse),
+    /// Another request holds the intent right now.
+    InProgress,
+    /// The key was first used for a different request.
+    KeyReused,
+}
+
+/// Claims the key for this request, or says why not. The first statement is
+/// the insert, and the same statement reads the row a lost insert met, so
+/// that a replay costs one round trip, not two. Call it outside any
+/// transaction: it turns off the synchronous commit of the one it runs in.
+#[tracing::instrument(skip_all, fields(user_id, key = %key))]
+pub async fn begin(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Begin, Error> {
+    let mut claim = Claim {
+        user_id: user_id.to_owned(),
+        key: key.clone(),
+        token: new_token(),
+        effect: None,
+        kind: ClaimKind::First,
+    };
+    // A row can vanish (cleanup) or change (a takeover) between statements;
+    // each pass re-reads it, and a few passes settle any interleaving.
+    for _ in 0..3 {
+        // The outer SELECT sees the table as it was when the statement began:
+        // never the row this insert made, and not a row that a concurrent
+        // request committed a moment later (the insert waits for it and
+        // loses; the next pass reads it).
+        //
+        // The insert commits without waiting for its WAL flush
+        // (`synchronous_commit` off for this transaction only): nothing
+        // outside the database acts on a claim until the work's own
+        // transaction commits, and that commit waits for a flush that covers
+        // this insert's record too. A crash in between loses a claim that
+        // left nothing behind, so the retry starts afresh, as after a release.
+        let insert = client
+            .prepare_cached(
+                "WITH inserted AS (
+                     INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
+                     VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+                     ON CONFLICT (user_id, key) DO NOTHING
+                     RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+                        EXISTS (SELECT 1 FROM inserted) AS won,
+                        k.request_hash, k.claim_token, k.response_status,
+                        k.response_content_type, k.response_location, k.response_body,
+                        k.created_at <= now() - make_interval(secs => $6) AS expired,
+                        k.lease_expires_at <= now() AS lease_over
+                 FROM (VALUES (1)) AS one (x)
+                 LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2",
+            )
+            .await?;
+        let row = client
+            .query_one(
+                &insert,
+                &[
+                    &user_id,
+                    &key.as_str(),
+                    &hash.as_bytes(),
+                    &claim.token,
+                    &policy.lease.as_secs_f64(),
+                    &policy.ttl.as_secs_f64(),
+                ],
+            )
+            .await?;
+        if row.try_get("won")? {
+            return Ok(Begin::Claimed(claim));
+        }
+        let Some(row) = KeyRow::from_row(&row)? else {
+            continue;
+        };
+        if row.expired {
+            // Older than the TTL: a new intent, as if the row were absent.
+            if take_expired(client, policy, &claim, hash, row.token).await? {
+                claim.kind = ClaimKind::Expired;
+                return Ok(Begin::Claimed(claim));
+            }
+            continue;
+        }
+        if row.hash != hash.as_bytes() {
+            return Ok(Begin::KeyReused);
+        }
+        if let Some(response) = row.response {
+            return Ok(Begin::Replay(response));
+        }
+        if !row.lease_over {
+            return Ok(Begin::InProgress);
+        }
+        // The holder's lease ran out (it crashed or stalled): finish its intent.
+        if let Some(effect) = take_abandoned(client, policy, &claim, row.token).await? {
+            claim.effect = effect;
+            claim.kind = ClaimKind::Abandoned;
+            return Ok(Begin::Claimed(claim));
+        }
+    }
+    Ok(Begin::InProgress)
+}
+
+/// What the key row says now, without claiming anything: for a request
+/// whose claim was fenced off, or that the Redis gate turned away. A row that
+/// is missing, expired or abandoned belongs to whoever holds the intent now.
+pub async fn current(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Begin, Error> {
+    Ok(match read(client, policy, user_id, key.as_str()).await? {
+        Some(row) if !row.expired && row.hash != hash.as_bytes() => Begin::KeyReused,
+        Some(KeyRow {
+            response: Some(response),
+            expired: false,
+            ..
+        }) => Begin::Replay(response),
+        _ => Begin::InProgress,
+    })
+}
+
+/// Gives the key back after a failure that left nothing durable behind (no
+/// effect linked), so that a retry starts afresh. Once an effect is linked
+/// the row stays in progress until that effect has an outcome.
+pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool, Error> {
+    let statement = client
+        .prepare_cached(
+            "DELETE FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2 AND claim_token = $3
+               AND response_status IS NULL AND effect IS NULL",
+        )
+        .await?;
+    let released = client
+        .execute(
+            &statement,
+            &[&claim.user_id, &claim.key.as_str(), &claim.token],
+        )
+        .await?;
+    Ok(released == 1)
+}
+
+/// A key row as `read` and `begin` select it.
+pub(crate) struct KeyRow {
+    pub hash: Vec<u8>,
+    pub token: i64,
+    pub response: Option<StoredResponse>,
+    pub expired: bool,
+    pub lease_over: bool,
+}
+
+impl KeyRow {
+    /// `None` when the columns are NULL (`begin` found no row it could see).
+    fn from_row(row: &Row) -> Result<Option<Self>, Error> {
+        let Some(hash) = row.try_get::<_, Option<Vec<u8>>>("request_hash")? else {
+            return Ok(None);
+        };
+        let status: Option<i16> = row.try_get("response_status")?;
+        let response = match status {
+            Some(status) => Some(StoredResponse {
+                status: u16::try_from(status).unwrap_or(500),
+                content_type: row
+                    .try_get::<_, Option<String>>("response_content_type")?
+                    .unwrap_or_default(),
+                location: row.try_get("response_location")?,
+                body: row
+                    .try_get::<_, Option<Vec<u8>>>("response_body")?
+                    .unwrap_or_default(),
+            }),
+            None => None,
+        };
+        Ok(Some(KeyRow {
+            hash,
+            token: row.try_get("claim_token")?,
+            response,
+            expired: row.try_get("expired")?,
+            lease_over: row.try_get("lease_over")?,
+        }))
+    }
+}
+
+/// The key row of (user_id, key) as it is now, if there is one.
+pub(crate) async fn read(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &str,
+) -> Result<Option<KeyRow>, Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT request_hash, claim_token, response_status,
+                    response_content_type, response_location, response_body,
+                    created_at <= now() - make_interval(secs => $3) AS expired,
+                    lease_expires_at <= now() AS lease_over
+             FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2",
+        )
+        .await?;
+    match client
+        .query_opt(&statement, &[&user_id, &key, &policy.ttl.as_secs_f64()])
+        .await?
+    {
+        Some(row) => KeyRow::from_row(&row),
+        None => Ok(None),
+    }
+}
+
+/// A claim token: 62 random bits (a v4 UUID's lower half), enough that two
+/// claims of one key never share one.
+fn new_token() -> i64 {
+    Uuid::new_v4().as_u64_pair().1 as i64
+}
+
+/// Restarts a row past its TTL as a new intent. One conditional update
+/// decides between racing requests: it matches only the row as it was read.
+async fn take_expired(
+    client: &impl GenericClient,
+    policy: Policy,
+    claim: &Claim,
+    hash: &RequestHash,
+    seen_token: i64,
+) -> Result<bool, Error> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET request_hash = $5, claim_token = $3,
+                 lease_expires_at = now() + make_interval(secs => $6),
+                 effect = NULL, response_status = NULL, response_content_type = NULL,
+                 response_location = NULL, response_body = NULL, created_at = now()
+             WHERE user_id = $1 AND key = $2 AND claim_token = $4
+               AND created_at <= now() - make_interval(secs => $7)",
+        )
+        .await?;
+    let taken = client
+        .execute(
+            &statement,
+            &[
+                &claim.user_id,
+                &claim.key.as_str(),
+                &claim.token,
+                &seen_token,
+                &hash.as_bytes(),
+                &policy.lease.as_secs_f64(),
+                &policy.ttl.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(taken == 1)
+}
+
+/// Takes over an in-progress row whose lease ran out; the new claim inherits
+/// the intent. Returns `Some(effect)` when taken: the effect is read in the
+/// same statement, so a link the old holder made a moment ago is not missed.
+async fn take_abandoned(
+    client: &impl GenericClient,
+    policy: Policy,
+    claim: &Claim,
+    seen_token: i64,
+) -> Result<Option<Option<String>>, Error> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE idempotency_keys
+             SET claim_token = $3, lease_expires_at = now() + make_interval(secs => $5)
+             WHERE user_id = $1 AND key = $2 AND claim_token = $4
+               AND response_status IS NULL AND lease_expires_at <= now()
+             RETURNING effect",
+        )
+        .await?;
+    let taken = client
+        .query_opt(
+            &statement,
+            &[
+                &claim.user_id,
+                &claim.key.as_str(),
+                &claim.token,
+                &seen_token,
+                &policy.lease.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(match taken {
+        Some(row) => Some(row.try_get("effect")?),
+        None => None,
+    })
+}

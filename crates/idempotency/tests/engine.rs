@@ -1,0 +1,340 @@
+//! The engine on its own, against a real PostgreSQL (a database per test):
+//! a toy effect table, the engine's migration and nothing of any service.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
+use idempotency::{
+    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Outcome,
+    Policy, Reply, RequestHash, RunError, StoredResponse,
+};
+use test_support::db::TestDatabase;
+use tokio::sync::Barrier;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+struct Toy {
+    _db: Arc<TestDatabase>,
+    pool: Pool,
+}
+
+/// A fresh database with the engine's table and a toy effect: one row per
+/// `bump`, which a retry must never add twice.
+async fn toy() -> Toy {
+    let db = TestDatabase::create().await;
+    let mut client = db.client().await;
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 1);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
+    client
+        .batch_execute(
+            "CREATE TABLE bumps (bump_id bigint GENERATED ALWAYS AS IDENTITY, note text)",
+        )
+        .await
+        .unwrap();
+    let pool = db.pool(16);
+    Toy { _db: db, pool }
+}
+
+impl Toy {
+    fn engine(&self, lease: Duration, ttl: Duration) -> Engine {
+        Engine::new(self.pool.clone(), Policy { ttl, lease })
+    }
+
+    async fn bumps(&self) -> i64 {
+        let client = self.pool.get().await.unwrap();
+        client
+            .query_one("SELECT count(*) FROM bumps", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The toy endpoint's work: one row and its answer, in one unit.
+    async fn bump(&self, claim: &Claim) -> Result<Done, Error> {
+        let mut client = self.pool.get().await?;
+        let unit = claim.unit(&mut client).await?;
+        let row = unit
+            .tx()
+            .query_one(
+                "INSERT INTO bumps (note) VALUES ('bump') RETURNING bump_id",
+                &[],
+            )
+            .await?;
+        let id: i64 = row.get(0);
+        let answer =
+            StoredResponse::new(201, "application/json", format!("{{\"bump\":{id}}}").into())
+                .with_location(format!("/bumps/{id}"));
+        let fence = unit.store(&answer).await?;
+        Ok(Done::stored(unit.finish(fence).await?, answer))
+    }
+}
+
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(text.as_bytes()).unwrap()
+}
+
+fn hash(body: &str) -> RequestHash {
+    RequestHash::of("POST", "/bumps", body.as_bytes())
+}
+
+#[tokio::test]
+async fn a_retry_gets_the_first_answer_byte_for_byte_and_the_work_runs_once() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(30), DAY);
+    let (k, h) = (key("click-1"), hash("{}"));
+    let first = engine
+        .run(
+            "alice",
+            &k,
+            &h,
+            |claim| async move { toy.bump(&claim).await },
+        )
+        .await
+        .unwrap();
+    let Reply::First(answer) = first else {
+        panic!("the first request does the work: {first:?}");
+    };
+    assert_eq!(answer.location.as_deref(), Some("/bumps/1"));
+    let again = engine
+        .run(
+            "alice",
+            &k,
+            &h,
+            |claim| async move { toy.bump(&claim).await },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Reply::Replay(ref replay) if *replay == answer),
+        "{again:?}"
+    );
+    assert_eq!(toy.bumps().await, 1);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_request_or_of_another_user_is_no_replay() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(30), DAY);
+    let k = key("click-1");
+    let run = |user: &'static str, body: &'static str| {
+        let (engine, toy, k) = (&engine, &toy, &k);
+        async move {
+            engine
+                .run(user, k, &hash(body), |claim| async move {
+                    toy.bump(&claim).await
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(run("alice", "{}").await, Reply::First(_)));
+    assert!(matches!(run("alice", "{\"x\":1}").await, Reply::KeyReused));
+    assert!(
+        matches!(run("bob", "{}").await, Reply::First(_)),
+        "bob's key is his own"
+    );
+    assert_eq!(toy.bumps().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_run_the_work_once() {
+    let toy = Arc::new(toy().await);
+    let engine = toy.engine(Duration::from_secs(30), DAY);
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let seen = outcomes.clone();
+    let engine = engine.on_outcome(move |outcome| seen.lock().unwrap().push(outcome));
+    let barrier = Arc::new(Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (toy, engine, barrier) = (toy.clone(), engine.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                engine
+                    .run("alice", &key("storm"), &hash("{}"), |claim| async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        toy.bump(&claim).await
+                    })
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut first = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Reply::First(_) => first += 1,
+            Reply::Replay(_) | Reply::InProgress => {}
+            Reply::KeyReused => panic!("the same request is never reused"),
+        }
+    }
+    assert_eq!(first, 1);
+    assert_eq!(toy.bumps().await, 1);
+    let outcomes = outcomes.lock().unwrap();
+    assert_eq!(outcomes.len(), 32, "one outcome per request");
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::First).count(), 1);
+}
+
+#[tokio::test]
+async fn a_claim_that_lost_its_lease_commits_nothing_and_the_taker_does_the_work() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(1), DAY);
+    let (k, h) = (key("paused"), hash("{}"));
+    let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("first claim");
+    };
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("a takeover after the lease");
+    };
+    assert_eq!(taker.kind, ClaimKind::Abandoned);
+
+    // The paused request wakes up: its unit rolls back, effect and all.
+    assert!(matches!(toy.bump(&paused).await.unwrap(), Done::Fenced));
+    assert_eq!(toy.bumps().await, 0);
+    assert!(matches!(toy.bump(&taker).await.unwrap(), Done::Stored(_)));
+    assert_eq!(toy.bumps().await, 1);
+    assert!(matches!(
+        engine.begin("alice", &k, &h).await.unwrap(),
+        Begin::Replay(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(1), DAY);
+    let (k, h) = (key("settling"), hash("{}"));
+    let Begin::Claimed(crashed) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("first claim");
+    };
+    {
+        let mut client = toy.pool.get().await.unwrap();
+        let unit = crashed.unit(&mut client).await.unwrap();
+        unit.tx()
+            .execute("INSERT INTO bumps (note) VALUES ('effect-7')", &[])
+            .await
+            .unwrap();
+        let fence = unit.link("effect-7").await.unwrap();
+        assert_eq!(fence, Fence::Held);
+        assert_eq!(unit.finish(fence).await.unwrap(), Committed::Done);
+    }
+    // ...and the request dies here, before the effect settled.
+    assert!(matches!(
+        engine.begin("alice", &k, &h).await.unwrap(),
+        Begin::InProgress
+    ));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("a takeover after the lease");
+    };
+    assert_eq!(taker.effect.as_deref(), Some("effect-7"));
+
+    // A job that settles the effect outside any claim stores its answer.
+    let client = toy.pool.get().await.unwrap();
+    let answer = StoredResponse::new(200, "text/plain", b"settled".to_vec());
+    assert!(
+        idempotency::store_for_effect(&client, "alice", "settling", "effect-7", &answer)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        engine.begin("alice", &k, &h).await.unwrap(),
+        Begin::Replay(ref replay) if *replay == answer
+    ));
+}
+
+#[tokio::test]
+async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_linked() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(30), DAY);
+    let (k, h) = (key("flaky"), hash("{}"));
+    let failed = engine
+        .run("alice", &k, &h, |_| async {
+            Err::<Done, _>("payment timeout")
+        })
+        .await;
+    assert!(matches!(failed, Err(RunError::Work("payment timeout"))));
+    let calls = AtomicUsize::new(0);
+    let retried = engine
+        .run("alice", &k, &h, |claim| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let toy = &toy;
+            async move { toy.bump(&claim).await }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(retried, Reply::First(_)),
+        "the retry starts afresh"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // With an effect linked, a failure leaves the key in progress.
+    let (k, h) = (key("linked"), hash("{}"));
+    let failed = engine
+        .run("alice", &k, &h, |claim| async move {
+            let mut client = toy.pool.get().await.unwrap();
+            let unit = claim.unit(&mut client).await.unwrap();
+            let fence = unit.link("effect-1").await.unwrap();
+            unit.finish(fence).await.unwrap();
+            Err::<Done, _>("payment timeout")
+        })
+        .await;
+    assert!(failed.is_err());
+    assert!(matches!(
+        engine.begin("alice", &k, &h).await.unwrap(),
+        Begin::InProgress
+    ));
+}
+
+#[tokio::test]
+async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(30), Duration::from_secs(1));
+    for n in 0..5 {
+        let reply = engine
+            .run(
+                "alice",
+                &key(&format!("old-{n}")),
+                &hash("{}"),
+                |claim| async move { toy.bump(&claim).await },
+            )
+            .await
+            .unwrap();
+        assert!(matches!(reply, Reply::First(_)));
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let reply = engine
+        .run(
+            "alice",
+            &key("old-0"),
+            &hash("{\"another\":true}"),
+            |claim| async move {
+                assert_eq!(claim.kind, ClaimKind::Expired);
+                toy.bump(&claim).await
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(reply, Reply::First(_)),
+        "never a 422 nor a stale replay"
+    );
+
+    let cleanup = Cleanup::new(toy.pool.clone(), Duration::from_secs(1));
+    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(4));
+    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(0));
+    assert!(
+        matches!(
+            engine
+                .begin("alice", &key("old-0"), &hash("{\"another\":true}"))
+                .await
+                .unwrap(),
+            Begin::Replay(_)
+        ),
+        "the key restarted a moment ago survives"
+    );
+}

@@ -1,0 +1,141 @@
+//! A database per test on the machine's PostgreSQL, so that tests run side
+//! by side without seeing each other's rows: [`TestDatabase`] makes one
+//! with a unique name and drops it (`WITH (FORCE)`) when the last test
+//! holding it ends. Plus the two ways to talk to any database: [`connect`]
+//! (one plain connection) and [`pool`] (a small deadpool).
+
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+/// The server's maintenance database, where databases are created and
+/// dropped: `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/postgres`.
+pub fn maintenance_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// One connection, its driver spawned on the current runtime; panics (with
+/// the URL) if the server cannot be reached.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A plain deadpool of at most `max_size` connections to `url` (fast
+/// recycling, no timeouts): for code under test that takes a pool. It
+/// opens nothing until asked for a connection.
+pub fn pool(url: &str, max_size: usize) -> Pool {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .unwrap_or_else(|e| panic!("a PostgreSQL URL, not {url}: {e}"));
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max_size)
+        .build()
+        .expect("a pool")
+}
+
+/// `maintenance`'s server, user and password, and the database `name`.
+fn database_url(maintenance: &str, name: &str) -> String {
+    let mut config: tokio_postgres::Config = maintenance.parse().expect("DATABASE_URL");
+    config.dbname(name);
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let password = config
+        .get_password()
+        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    format!("postgres://{user}{password}@{host}:{port}/{name}")
+}
+
+/// A database of the test's own, `stagedoor_test_<uuid>`, dropped when the
+/// last `Arc` of it goes (tests that share it, a second instance, hold
+/// clones).
+#[derive(Debug)]
+pub struct TestDatabase {
+    pub name: String,
+    /// Its URL: the maintenance URL's server, user and password.
+    pub url: String,
+    maintenance: String,
+}
+
+impl TestDatabase {
+    /// A new database on the server of [`maintenance_url`].
+    pub async fn create() -> Arc<Self> {
+        Self::create_on(&maintenance_url()).await
+    }
+
+    /// A new database on the server of `maintenance` (a URL of a database
+    /// there that exists, `postgres` usually).
+    pub async fn create_on(maintenance: &str) -> Arc<Self> {
+        let name = format!("stagedoor_test_{}", Uuid::new_v4().simple());
+        let (client, connection) = tokio_postgres::connect(maintenance, NoTls)
+            .await
+            .expect("PostgreSQL must run (see README)");
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .expect("create test database");
+        let url = database_url(maintenance, &name);
+        Arc::new(Self {
+            name,
+            url,
+            maintenance: maintenance.to_owned(),
+        })
+    }
+
+    /// A new plain connection to it.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// A [`pool`] of at most `max_size` connections to it.
+    pub fn pool(&self, max_size: usize) -> Pool {
+        pool(&self.url, max_size)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let maintenance = self.maintenance.clone();
+        // Drop runs inside the test's runtime; a thread of its own may block.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                if let Ok((client, connection)) = tokio_postgres::connect(&maintenance, NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}

@@ -1,0 +1,30 @@
+//! What the workspace's tests and benches share, written once: the API
+//! tests (`tests/api`), the chaos run (`tests/chaos.rs`), the bench
+//! (`benches/checkout.rs`) and the other crates' own tests against
+//! PostgreSQL.
+//!
+//! | module | for |
+//! | --- | --- |
+//! | [`postgres`] | a throwaway PostgreSQL server of the test's own (initdb, pg_ctl), stopped and removed on drop |
+//! | [`scratch`] | a temp directory of the run's own, and the sweep of those a killed run left behind |
+//! | [`db`] | a database per test on the machine's server (`DATABASE_URL`), a plain connection, a pool |
+//! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped |
+//! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
+//! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
+//! | [`sandbox`] | the Payrail sandbox's control endpoints: faults and the ledger of charges |
+//! | [`invariants`] | the checker of the README's "What always holds" against the tables and the ledger |
+//!
+//! It does not depend on the `stagedoor-checkout` library: everything here
+//! speaks to PostgreSQL, to processes and over HTTP, as a client would.
+
+pub mod db;
+pub mod invariants;
+pub mod postgres;
+pub mod process;
+pub mod rng;
+pub mod sandbox;
+pub mod scratch;
+pub mod seen;
+
+pub use rng::Rng;
+pub use seen::Seen;

@@ -1,0 +1,196 @@
+//! Orders: one per intent, written (`payment_pending`) and linked to its key
+//! before Payrail is called, settled to `paid` or `declined` by the request
+//! that made it, by a request that took its key over, or by reconciliation.
+//! No database connection is held while Payrail is being called.
+//!
+//! `place` runs a claimed click (make or resume, charge, settle), `settle`
+//! holds the settlement statements, and this module the order itself: its
+//! types, its parsing, and how it is read back.
+
+mod place;
+mod settle;
+mod status;
+
+use std::sync::Arc;
+
+use deadpool_postgres::{GenericClient, Pool};
+use idempotency::StoredResponse;
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::CheckoutError;
+use crate::db::DbError;
+use crate::payrail::{self, Charge};
+
+pub use place::insert_pending;
+pub use settle::record_decision;
+pub use status::{OrderStatus, PaymentMethod};
+
+/// Every order is charged in this currency.
+pub const CURRENCY: &str = "USD";
+/// More holds than this in one order is not a checkout a person makes.
+const MAX_HOLDS: usize = 50;
+
+/// How an order is answered to the click that made it (201 with the order,
+/// 402 for a declined card): the HTTP layer's to say, handed in so that the
+/// answer can be stored in the same transaction as the settlement.
+pub type Answer = fn(&Order) -> StoredResponse;
+
+/// An order as asked for, checked: at least one hold, none twice, a payment
+/// method of the right form.
+#[derive(Debug, Clone)]
+pub struct NewOrder {
+    hold_ids: Vec<i64>,
+    payment_method: PaymentMethod,
+}
+
+impl NewOrder {
+    /// `invalid-order` for a well-formed request that asks for the impossible.
+    pub fn parse(hold_ids: Vec<i64>, payment_method: &str) -> Result<Self, CheckoutError> {
+        if hold_ids.is_empty() {
+            return Err(CheckoutError::InvalidOrder(
+                "hold_ids must name at least one hold",
+            ));
+        }
+        if hold_ids.len() > MAX_HOLDS {
+            return Err(CheckoutError::InvalidOrder(
+                "hold_ids may name at most 50 holds",
+            ));
+        }
+        let mut sorted = hold_ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != hold_ids.len() {
+            return Err(CheckoutError::InvalidOrder(
+                "hold_ids names a hold more than once",
+            ));
+        }
+        Ok(Self {
+            hold_ids,
+            payment_method: PaymentMethod::parse(payment_method)?,
+        })
+    }
+}
+
+/// An order as the buyer sees it (the 201 body and `GET /orders/{id}`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Order {
+    pub order_id: Uuid,
+    pub status: OrderStatus,
+    pub amount_cents: i64,
+    #[schema(example = "USD")]
+    pub currency: String,
+    pub hold_ids: Vec<i64>,
+    /// The seat labels, in the order of `hold_ids`.
+    pub seats: Vec<String>,
+    /// Payrail's charge id; null until Payrail has answered.
+    #[schema(required = true)]
+    pub charge_id: Option<String>,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[serde(skip)]
+    payment_method: PaymentMethod,
+    #[serde(skip)]
+    pub user_id: String,
+    #[serde(skip)]
+    pub idempotency_key: String,
+}
+
+const COLUMNS: &str = "order_id, user_id, status, amount_cents, currency, payment_method, \
+                       hold_ids, seats, charge_id, idempotency_key, created_at";
+
+impl Order {
+    fn from_row(row: &Row) -> Result<Self, DbError> {
+        Ok(Self {
+            order_id: row.try_get("order_id")?,
+            status: row.try_get("status")?,
+            amount_cents: row.try_get("amount_cents")?,
+            currency: row.try_get("currency")?,
+            hold_ids: row.try_get("hold_ids")?,
+            seats: row.try_get("seats")?,
+            charge_id: row.try_get("charge_id")?,
+            created_at: super::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
+            payment_method: PaymentMethod::trusted(row.try_get("payment_method")?),
+            user_id: row.try_get("user_id")?,
+            idempotency_key: row.try_get("idempotency_key")?,
+        })
+    }
+
+    /// What Payrail is asked: the same bytes on every attempt and every
+    /// restart, since all of it comes from the order row.
+    pub fn charge(&self) -> Charge {
+        Charge {
+            amount_cents: self.amount_cents,
+            currency: self.currency.clone(),
+            payment_method: self.payment_method.as_str().to_owned(),
+            reference: self.order_id,
+        }
+    }
+}
+
+/// The orders of one instance: its pool, its Payrail client, and how an
+/// order is answered.
+#[derive(Clone)]
+pub struct Orders {
+    pool: Pool,
+    payrail: Arc<payrail::Client>,
+    answer: Answer,
+}
+
+impl Orders {
+    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, answer: Answer) -> Self {
+        Self {
+            pool,
+            payrail,
+            answer,
+        }
+    }
+
+    /// A buyer's own order; another buyer's is as good as absent.
+    pub async fn find(&self, buyer: &str, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
+        let client = self.pool.get().await?;
+        Ok(load(&client, order_id)
+            .await?
+            .filter(|order| order.user_id == buyer))
+    }
+}
+
+/// An order by id, whoever owns it.
+pub async fn load(client: &impl GenericClient, order_id: Uuid) -> Result<Option<Order>, DbError> {
+    let statement = client
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
+        .await?;
+    client
+        .query_opt(&statement, &[&order_id])
+        .await?
+        .map(|row| Order::from_row(&row))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn semantic_mistakes_are_invalid_orders() {
+        let cases = [
+            (vec![], "pm_card_visa", "no holds"),
+            (vec![1, 1], "pm_card_visa", "duplicate holds"),
+            ((1..=51).collect(), "pm_card_visa", "too many holds"),
+            (vec![1], "card_visa", "no pm_ prefix"),
+        ];
+        for (holds, method, why) in cases {
+            assert!(
+                matches!(
+                    NewOrder::parse(holds, method),
+                    Err(CheckoutError::InvalidOrder(_))
+                ),
+                "{why}"
+            );
+        }
+        assert!(NewOrder::parse(vec![3, 1, 2], "pm_card_visa").is_ok());
+    }
+}

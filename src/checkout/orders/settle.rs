@@ -1,0 +1,145 @@
+//! Payrail's decision, recorded: the order moves to `paid` or `declined`
+//! (a declined order gives its holds back) and its answer is stored on the
+//! key that made it, in one transaction. The order row is locked first and
+//! the key row last, as every writer of both does, so none of them deadlock.
+
+use deadpool_postgres::GenericClient;
+use idempotency::{Claim, Done};
+use uuid::Uuid;
+
+use super::{load, Order, OrderStatus, Orders, COLUMNS};
+use crate::checkout::CheckoutError;
+use crate::payrail::ChargeOutcome;
+
+/// The usual end of a click: the settlement and the answer, made from the
+/// order in hand, in one unit of the claim and one round trip. An order that
+/// someone else settled first (reconciliation, with the same answer from
+/// Payrail) is answered as it now stands; a claim lost meanwhile keeps
+/// nothing, and the request that took the key over settles the order.
+pub(super) async fn claimed(
+    orders: &Orders,
+    mut order: Order,
+    outcome: &ChargeOutcome,
+    claim: &Claim,
+) -> Result<Done, CheckoutError> {
+    let (status, charge_id) = decision(outcome);
+    order.status = status;
+    order.charge_id = charge_id.cloned();
+    let answer = (orders.answer)(&order);
+    let mut client = orders.pool.get().await?;
+    let unit = claim.unit(&mut client).await?;
+    let (settled, fence) = tokio::try_join!(
+        async {
+            settle(unit.tx(), order.order_id, status, charge_id)
+                .await
+                .map_err(CheckoutError::from)
+        },
+        async { unit.store(&answer).await.map_err(CheckoutError::from) },
+    )?;
+    if settled.is_none() {
+        unit.rollback().await?;
+        let settled = load(&client, order.order_id).await?.ok_or_else(|| {
+            CheckoutError::Inconsistent(format!("order {} vanished while settling", order.order_id))
+        })?;
+        return Ok(Done::Answer((orders.answer)(&settled)));
+    }
+    Ok(Done::stored(unit.finish(fence).await?, answer))
+}
+
+impl Orders {
+    /// Settles a pending order outside any claim (reconciliation), storing
+    /// its answer on the order's key if that key still belongs to the same
+    /// intent and has no answer yet.
+    pub async fn settle_unclaimed(
+        &self,
+        order_id: Uuid,
+        outcome: &ChargeOutcome,
+    ) -> Result<(), CheckoutError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let order = match record_decision(&tx, order_id, outcome).await? {
+            Some(order) => order,
+            // Someone else settled it first, with the same answer from Payrail.
+            None => load(&tx, order_id).await?.ok_or_else(|| {
+                CheckoutError::Inconsistent(format!("order {order_id} vanished while settling"))
+            })?,
+        };
+        idempotency::store_for_effect(
+            &tx,
+            &order.user_id,
+            &order.idempotency_key,
+            &order_id.to_string(),
+            &(self.answer)(&order),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Asks Payrail again about a pending order, with the order's own key
+    /// (so never a second charge): the order and Payrail's decision, or
+    /// `None` when the order is no longer pending.
+    pub async fn charge_again(
+        &self,
+        order_id: Uuid,
+    ) -> Result<Option<(Order, ChargeOutcome)>, CheckoutError> {
+        let order = {
+            let client = self.pool.get().await?;
+            load(&client, order_id).await?
+        };
+        let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {
+            return Ok(None);
+        };
+        let outcome = self.payrail.charge(order_id, &order.charge()).await?;
+        Ok(Some((order, outcome)))
+    }
+}
+
+/// Records Payrail's decision on a pending order (a declined one gives its
+/// holds back) and returns the settled order; `None` when it was settled
+/// already. Stores no answer: that is the caller's, in the same
+/// transaction when there is a key to answer.
+pub async fn record_decision(
+    client: &impl GenericClient,
+    order_id: Uuid,
+    outcome: &ChargeOutcome,
+) -> Result<Option<Order>, crate::db::DbError> {
+    let (status, charge_id) = decision(outcome);
+    settle(client, order_id, status, charge_id).await
+}
+
+/// The order status and charge id that Payrail's decision means.
+fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
+    match outcome {
+        ChargeOutcome::Succeeded { charge_id } => (OrderStatus::Paid, Some(charge_id)),
+        ChargeOutcome::Declined { charge_id } => (OrderStatus::Declined, charge_id.as_ref()),
+    }
+}
+
+/// Settles a pending order (giving a declined order's holds back) and
+/// returns it; `None` when it was settled already.
+async fn settle(
+    client: &impl GenericClient,
+    order_id: Uuid,
+    status: OrderStatus,
+    charge_id: Option<&String>,
+) -> Result<Option<Order>, crate::db::DbError> {
+    let statement = client
+        .prepare_cached(&format!(
+            "WITH settled AS (
+                 UPDATE orders SET status = $2, charge_id = $3, updated_at = now()
+                 WHERE order_id = $1 AND status = 'payment_pending'
+                 RETURNING {COLUMNS}
+             ), released AS (
+                 UPDATE holds SET order_id = NULL
+                 WHERE order_id = $1 AND $2 = 'declined' AND EXISTS (SELECT 1 FROM settled)
+             )
+             SELECT {COLUMNS} FROM settled"
+        ))
+        .await?;
+    client
+        .query_opt(&statement, &[&order_id, &status, &charge_id])
+        .await?
+        .map(|row| Order::from_row(&row))
+        .transpose()
+}
