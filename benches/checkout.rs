@@ -85,7 +85,16 @@ impl Profile {
 }
 
 pub const SCENARIOS: &[&str] = &[
-    "orders", "replay", "mirror", "storm", "payrail", "redis", "keyrows", "cleanup", "rss",
+    "orders",
+    "replay",
+    "mirror",
+    "storm",
+    "wait_storm",
+    "payrail",
+    "redis",
+    "keyrows",
+    "cleanup",
+    "rss",
 ];
 
 /// Everything the scenarios share.
@@ -217,7 +226,10 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
         scenarios::mirror(&mut bench).await;
     }
     if wants("storm") {
-        capacity::storm(&mut bench, &app.url, "").await;
+        capacity::storm(&mut bench, &app.url, "", false).await;
+    }
+    if wants("wait_storm") {
+        capacity::storm(&mut bench, &app.url, "", true).await;
     }
     if wants("payrail") {
         capacity::payrail(&mut bench, &app).await;
@@ -266,9 +278,13 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
         started.elapsed().as_secs(),
         load_after.trim()
     );
-    let double_charges = ["storm_double_charges", "storm_double_charges_redis"]
-        .iter()
-        .filter_map(|name| bench.report.get(name))
-        .sum();
+    let double_charges = [
+        "storm_double_charges",
+        "wait_storm_double_charges",
+        "storm_double_charges_redis",
+    ]
+    .iter()
+    .filter_map(|name| bench.report.get(name))
+    .sum();
     (bench.report.finish(meta), double_charges)
 }

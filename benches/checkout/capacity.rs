@@ -23,25 +23,39 @@ use crate::{postgres, Bench};
 /// Copies of one click in a storm.
 const COPIES: usize = 8;
 
+/// The `Prefer: wait` of a waiting storm's copies, in seconds.
+const WAIT_SECS: u64 = 10;
+
 /// Storms: 8 concurrent copies of each click, 8 clicks at a time. Every
 /// storm must end with one first 201 and only replays or 409s besides; the
-/// sandbox ledger must show at most one charge per click.
-pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
+/// sandbox ledger must show at most one charge per click. With `wait`, every
+/// copy sends `Prefer: wait` (the `wait_storm`): the copies that would have
+/// been told 409 (and had to come back) wait for the answer instead.
+pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
+    let name = if wait { "wait_storm" } else { "storm" };
     println!(
-        "\n== storm{suffix}: {COPIES} concurrent copies per click, {} clicks at a time",
+        "\n== {name}{suffix}: {COPIES} concurrent copies per click{}, {} clicks at a time",
+        if wait { ", each with Prefer: wait" } else { "" },
         CONCURRENCY / COPIES
     );
     clear_ledger(bench).await;
     let holds = holds_for(bench, order_rate(bench) / 2.0, run_secs(bench)).await;
     let http = fixtures::client(CONCURRENCY);
     let (url, buyers, holds2) = (format!("{url}/orders"), bench.buyers.clone(), holds.clone());
+    let in_progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let in_progress2 = in_progress.clone();
     let stats = load::closed(
         CONCURRENCY / COPIES,
         bench.profile.warmup,
         bench.profile.measure,
         move || {
-            let (http, url, buyers, holds) =
-                (http.clone(), url.clone(), buyers.clone(), holds2.clone());
+            let (http, url, buyers, holds, in_progress) = (
+                http.clone(),
+                url.clone(),
+                buyers.clone(),
+                holds2.clone(),
+                in_progress2.clone(),
+            );
             async move {
                 let Some((buyer, hold)) = holds.take() else {
                     return Sent::Exhausted;
@@ -49,12 +63,17 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
                 let key = Uuid::new_v4().to_string();
                 let body = order_body(hold);
                 let copies = (0..COPIES).map(|_| {
-                    http.post(&url)
+                    let copy = http
+                        .post(&url)
                         .header(AUTHORIZATION, buyers.auth[buyer].clone())
                         .header("Idempotency-Key", &key)
-                        .header(CONTENT_TYPE, "application/json")
-                        .body(body.clone())
-                        .send()
+                        .header(CONTENT_TYPE, "application/json");
+                    let copy = if wait {
+                        copy.header("Prefer", format!("wait={WAIT_SECS}"))
+                    } else {
+                        copy
+                    };
+                    copy.body(body.clone()).send()
                 });
                 let mut first = 0;
                 for sent in join_all(copies).await {
@@ -63,7 +82,10 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
                     };
                     match (seen.status, seen.replayed) {
                         (201, false) => first += 1,
-                        (201, true) | (409, _) => {}
+                        (201, true) => {}
+                        (409, _) => {
+                            in_progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                         (other, _) => return Sent::Status(other),
                     }
                 }
@@ -77,19 +99,39 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str) {
     )
     .await;
     println!("  {} (one unit = one storm of {COPIES})", stats.summary());
+    // Every 409 is a copy that has no answer yet and must be sent again.
+    let copies = (stats.units * COPIES as u64).max(1) as f64;
+    let answered = 1.0 - in_progress.load(std::sync::atomic::Ordering::Relaxed) as f64 / copies;
+    println!(
+        "  requests per click: {COPIES}; copies answered (not 409): {:.1} %",
+        answered * 100.0
+    );
     let (charges, doubles, orphans) = double_charges(bench).await;
     println!(
         "  ledger: {charges} charges for {} clicks; clicks charged twice or more: {doubles}; charges without an order: {orphans}",
         holds.used()
     );
-    bench.report.set(&format!("storm_rps{suffix}"), stats.rps());
+    bench
+        .report
+        .set(&format!("{name}_rps{suffix}"), stats.rps());
     bench.report.set(
-        &format!("storm_double_charges{suffix}"),
+        &format!("{name}_clicks_per_s{suffix}"),
+        stats.units as f64 / stats.secs,
+    );
+    bench
+        .report
+        .set(&format!("{name}_p99_ms{suffix}"), stats.p99_ms());
+    bench
+        .report
+        .set(&format!("{name}_answered_share{suffix}"), answered);
+    bench.report.set(
+        &format!("{name}_double_charges{suffix}"),
         (doubles + orphans) as f64,
     );
     bench.report.detail(
-        &format!("storm{suffix}"),
+        &format!("{name}{suffix}"),
         json!({
+            "requests_per_click": COPIES,
             "storms_per_s": stats.units as f64 / stats.secs,
             "storm_p99_ms": stats.p99_ms(),
             "unexpected": format!("{:?}", stats.statuses),
@@ -252,7 +294,7 @@ pub async fn redis(bench: &mut Bench) {
     println!("  first clicks: {}", stats.summary());
     bench.report.set("order_rps_redis", stats.rps());
     bench.report.set("order_p99_ms_redis", stats.p99_ms());
-    storm(bench, &app.url, "_redis").await;
+    storm(bench, &app.url, "_redis", false).await;
     app.stop().await;
 }
 

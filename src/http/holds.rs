@@ -27,13 +27,18 @@ struct HoldRequest {
             pattern = "^[!#-~]{1,255}$",
             description = "Optional. 1-255 visible ASCII characters, made once per click; \
                 the structured-field form `\"...\"` means the text inside the quotes"),
+        ("Prefer" = Option<String>, Header, example = "wait=5",
+            description = "RFC 7240. `wait=N`: if the key's first request is still in \
+                progress, wait up to N seconds (at most `idempotency.max_wait_secs`) for its \
+                answer and get it as a replay, instead of an immediate 409"),
     ),
     request_body = HoldRequest,
     security(("bearer" = [])),
     responses(
         super::openapi::Unauthenticated,
         (status = 201, description = "Held", body = Hold,
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer")),
             links(
                 ("ReleaseHold" = (operation_id = "release_hold",
                     parameters(("hold_id" = "$response.body#/hold_id")))),
@@ -48,13 +53,15 @@ struct HoldRequest {
             body = ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "`not-found`: there is no such seat", body = ProblemDetails,
             content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"))),
         (status = 409, description = "`seat-unavailable` (another live hold or an order has it) \
             or `request-in-progress` (with `Retry-After`)",
             body = ProblemDetails, content_type = "application/problem+json",
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
                 ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
             )),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),

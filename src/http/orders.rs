@@ -41,6 +41,10 @@ pub struct OrderRequest {
             description = "Required. 1-255 visible ASCII characters, made once per click and \
                 reused for every retry of it; the structured-field form `\"...\"` means the \
                 text inside the quotes"),
+        ("Prefer" = Option<String>, Header, example = "wait=5",
+            description = "RFC 7240. `wait=N`: if the key's first request is still in \
+                progress, wait up to N seconds (at most `idempotency.max_wait_secs`) for its \
+                answer and get it as a replay, instead of an immediate 409"),
     ),
     request_body = OrderRequest,
     security(("bearer" = [])),
@@ -50,6 +54,7 @@ pub struct OrderRequest {
             headers(
                 ("Location" = String, description = "`/orders/{order_id}`"),
                 ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
             ),
             links(("ShowOrder" = (operation_id = "show_order",
                 parameters(("order_id" = "$response.body#/order_id")))))),
@@ -59,7 +64,8 @@ pub struct OrderRequest {
         (status = 402, description = "`payment-declined`, with the declined order's `order_id`; \
             the holds stay the buyer's for another click with a new key",
             body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer")),
             links(("ShowDeclinedOrder" = (operation_id = "show_order",
                 parameters(("order_id" = "$response.body#/order_id")))))),
         (status = 409, description = "`hold-unavailable` (a hold is unknown, not yours, expired \
@@ -68,13 +74,15 @@ pub struct OrderRequest {
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
                 ("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
             )),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),
         (status = 422, description = "`invalid-order` (no holds, a hold twice, a malformed \
             payment method) or `idempotency-key-reused` (the key was sent with another request)",
             body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"))),
         (status = 500, description = "`internal`; not stored", body = ProblemDetails,
             content_type = "application/problem+json"),
         (status = 503, description = "`payment-unavailable` (Payrail failing or its breaker open) \
