@@ -20,11 +20,14 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /app/recipe.json recipe.json
-# Dependencies only: cached until Cargo.toml or Cargo.lock change.
-RUN cargo chef cook --release --locked --recipe-path recipe.json
+# Dependencies only: cached until a Cargo.toml or Cargo.lock changes. Cooked
+# for exactly the packages and features built below, so that the build
+# reuses every one of them.
+RUN cargo chef cook --release --locked --no-default-features \
+    -p stagedoor-checkout -p payrail-sandbox --recipe-path recipe.json
 COPY . .
-RUN cargo build --release --locked --no-default-features --bin stagedoor-checkout \
-    && cargo build --release --locked -p payrail-sandbox
+RUN cargo build --release --locked --no-default-features \
+    -p stagedoor-checkout -p payrail-sandbox --bin stagedoor-checkout --bin payrail-sandbox
 
 FROM debian:bookworm-slim AS runtime
 # ca-certificates: the roots that Payrail's HTTPS certificate is checked

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Proves the container deliverables still work, on a real Docker engine: the
-# image builds, runs as uid 10001 and has a HEALTHCHECK; the compose stack
+# image builds, runs as uid 10001, has a HEALTHCHECK, and its service binary
+# has no Payrail sandbox and refuses one in production; the compose stack
 # comes up healthy, passes scripts/smoke.sh, and every container exits 0 on
 # its stop signal.
 #
@@ -15,8 +16,9 @@
 #     image: lines name: debian:<suite>-slim from debootstrap, and stand-ins
 #     for rust:<version>-slim-<suite> (this machine's toolchain) and
 #     postgres:<n> (Debian's PostgreSQL).
-# It relies on nothing inside the Dockerfile but those FROM lines: only on
-# the compose file, the image's behaviour and scripts/smoke.sh.
+# It relies on nothing inside the Dockerfile but those FROM lines and where
+# the image keeps its binaries (/usr/local/bin): on the compose file, the
+# image's behaviour and scripts/smoke.sh.
 #
 # One line per step; on a failure, the step's log or the containers' logs,
 # the stack taken down, and a non-zero exit. Stop the engine with
@@ -491,6 +493,19 @@ esac
 size="$(docker image inspect -f '{{.Size}}' "$built_image")"
 size_mb="$(awk -v b="$size" 'BEGIN { printf "%.1f", b / 1000000 }')"
 step_done "$built_image: $size_mb MB, USER $user, HEALTHCHECK ${healthcheck#CMD }"
+
+step "no sandbox"
+# The service cannot fake a charge: its binary is built without the embedded
+# Payrail sandbox (whose fault switch, drop_after_charge, is in the sandbox's
+# binary only), and in production it refuses payrail.sandbox = true at once.
+if docker run --rm --entrypoint grep "$built_image" -q drop_after_charge /usr/local/bin/stagedoor-checkout; then
+    fail "$built_image: /usr/local/bin/stagedoor-checkout embeds the Payrail sandbox"
+fi
+if refusal="$(docker run --rm -e STAGEDOOR__PAYRAIL__SANDBOX=true "$built_image" serve 2>&1)"; then
+    fail "$built_image: serve started in production with payrail.sandbox = true"
+fi
+grep -q 'payrail\.sandbox' <<<"$refusal" || fail "the refusal does not name payrail.sandbox: $refusal"
+step_done "the service binary has no sandbox; production refuses payrail.sandbox = true"
 
 # --- 5. The stack: up, healthy, the smoke test, stopped, down.
 step "up"

@@ -3,6 +3,7 @@
 //! clicks, and the memory of the service as a process of its own.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -42,19 +43,21 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
     let holds = holds_for(bench, order_rate(bench) / 2.0, run_secs(bench)).await;
     let http = fixtures::client(CONCURRENCY);
     let (url, buyers, holds2) = (format!("{url}/orders"), bench.buyers.clone(), holds.clone());
-    let in_progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let in_progress2 = in_progress.clone();
+    // Copies answered 409 (no answer yet: each must be sent again), of all
+    // copies sent (warm-up included: a share, not a rate).
+    let tally = std::sync::Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let tally2 = tally.clone();
     let stats = load::closed(
         CONCURRENCY / COPIES,
         bench.profile.warmup,
         bench.profile.measure,
         move || {
-            let (http, url, buyers, holds, in_progress) = (
+            let (http, url, buyers, holds, tally) = (
                 http.clone(),
                 url.clone(),
                 buyers.clone(),
                 holds2.clone(),
-                in_progress2.clone(),
+                tally2.clone(),
             );
             async move {
                 let Some((buyer, hold)) = holds.take() else {
@@ -77,6 +80,7 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
                 });
                 let mut first = 0;
                 for sent in join_all(copies).await {
+                    tally[0].fetch_add(1, Ordering::Relaxed);
                     let Some(seen) = seen(sent).await else {
                         return Sent::Failed;
                     };
@@ -84,7 +88,7 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
                         (201, false) => first += 1,
                         (201, true) => {}
                         (409, _) => {
-                            in_progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tally[1].fetch_add(1, Ordering::Relaxed);
                         }
                         (other, _) => return Sent::Status(other),
                     }
@@ -99,9 +103,8 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
     )
     .await;
     println!("  {} (one unit = one storm of {COPIES})", stats.summary());
-    // Every 409 is a copy that has no answer yet and must be sent again.
-    let copies = (stats.units * COPIES as u64).max(1) as f64;
-    let answered = 1.0 - in_progress.load(std::sync::atomic::Ordering::Relaxed) as f64 / copies;
+    let copies = tally[0].load(Ordering::Relaxed).max(1) as f64;
+    let answered = 1.0 - tally[1].load(Ordering::Relaxed) as f64 / copies;
     println!(
         "  requests per click: {COPIES}; copies answered (not 409): {:.1} %",
         answered * 100.0

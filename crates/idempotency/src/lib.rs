@@ -30,9 +30,13 @@
 //! - Read the key and the body before anything is written; reject a bad key
 //!   (`KeyError`) without touching the table.
 //! - Make every durable effect in a [`Unit`] of the claim and end it with
-//!   [`Unit::store`] or [`Unit::link`] and [`Unit::finish`]; report a refusal
-//!   that wrote nothing as [`Done::Answer`]; report a failure that is not an
-//!   answer (a timeout, a 5xx) as an error, which is never stored.
+//!   [`Unit::store`] or [`Unit::link`] and [`Unit::finish`]; or, when the
+//!   effect is one statement, in a one-statement unit ([`Linking`],
+//!   [`Storing`]): the engine wraps the effect's CTEs with its own writes
+//!   of the key row, one round trip and one commit instead of a
+//!   transaction's four. Report a refusal that wrote nothing as
+//!   [`Done::Answer`]; report a failure that is not an answer (a timeout, a
+//!   5xx) as an error, which is never stored.
 //! - Never hold a unit (a transaction) across a call to another system: link
 //!   the effect, commit, call, then settle in a second unit.
 //!
@@ -118,6 +122,7 @@ mod gate; // the optional Redis gate
 mod key; // the Idempotency-Key value
 mod migrate; // the key table's own migrations
 mod response; // what is stored and replayed
+mod statement; // one-statement units
 pub mod store; // the claim side of the key table
 mod unit; // the atomic step: effect and key state in one transaction
 mod wait; // waiting for another request's answer
@@ -130,6 +135,7 @@ pub use gate::Gate;
 pub use key::{IdempotencyKey, KeyError};
 pub use migrate::{migrate, HISTORY_TABLE};
 pub use response::StoredResponse;
+pub use statement::{Linking, Storing};
 pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
 pub use wait::{Ran, WaitOutcome};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
 use idempotency::{
-    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Outcome,
-    Policy, Reply, RequestHash, RunError, StoredResponse,
+    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Linking,
+    Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
 };
 use test_support::db::TestDatabase;
 use tokio::sync::Barrier;
@@ -337,4 +337,57 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
         ),
         "the key restarted a moment ago survives"
     );
+}
+
+#[tokio::test]
+async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fenced() {
+    let toy = &toy().await;
+    let engine = toy.engine(Duration::from_secs(1), DAY);
+    let (k, h) = (key("one-statement"), hash("{}"));
+    let bump = Linking::new(
+        "made AS (
+             INSERT INTO bumps (note) SELECT $5 WHERE EXISTS (SELECT 1 FROM claim)
+             RETURNING bump_id
+         )",
+        "EXISTS (SELECT 1 FROM made)",
+        "(SELECT bump_id FROM made)",
+    );
+    let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("first claim");
+    };
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+        panic!("a takeover after the lease");
+    };
+    let client = toy.pool.get().await.unwrap();
+    let (fence, _) = paused
+        .link_with(&client, &bump, "bump-of-the-paused", &[&"paused"])
+        .await
+        .unwrap();
+    assert_eq!(fence, Fence::Lost);
+    assert_eq!(toy.bumps().await, 0, "a lost claim makes nothing");
+    let (fence, row) = taker
+        .link_with(&client, &bump, "bump-1", &[&"taker"])
+        .await
+        .unwrap();
+    assert_eq!(fence, Fence::Held);
+    assert!(row.get::<_, Option<i64>>(1).is_some());
+    assert_eq!(toy.bumps().await, 1);
+
+    // The outcome and the answer, in one statement too.
+    let settle = Storing::new(
+        "noted AS (UPDATE bumps SET note = $8 RETURNING 1)",
+        "EXISTS (SELECT 1 FROM noted)",
+        "(SELECT count(*) FROM noted)",
+    );
+    let answer = StoredResponse::new(200, "text/plain", b"noted".to_vec());
+    let (fence, _) = taker
+        .store_with(&client, &settle, &answer, &[&"settled"])
+        .await
+        .unwrap();
+    assert_eq!(fence, Fence::Held);
+    assert!(matches!(
+        engine.begin("alice", &k, &h).await.unwrap(),
+        Begin::Replay(ref replay) if *replay == answer
+    ));
 }

@@ -24,7 +24,6 @@ use super::CheckoutError;
 use crate::db::DbError;
 use crate::payrail::{self, Charge};
 
-pub use place::insert_pending;
 pub use settle::record_decision;
 pub use status::{OrderStatus, PaymentMethod};
 

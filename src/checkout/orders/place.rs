@@ -1,10 +1,11 @@
 //! A claimed click on "pay": make the order (or resume the one an earlier
-//! holder of the key made), charge it, settle it. Two units of the claim
-//! (see `idempotency::Unit`), and Payrail between them with no transaction
-//! and no connection held.
+//! holder of the key made), charge it, settle it. Two one-statement units of
+//! the claim (`idempotency::Linking`, then `Storing`), and Payrail between
+//! them with no transaction and no connection held.
 
-use deadpool_postgres::GenericClient;
-use idempotency::{Claim, Committed, Done, Fence};
+use std::sync::LazyLock;
+
+use idempotency::{Claim, Done, Fence, Linking};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -48,110 +49,80 @@ impl Orders {
         })
     }
 
-    /// Makes the order in one unit of the claim, linked to its key (so that
-    /// a takeover resumes it), all or nothing. `None` when the claim was
-    /// lost meanwhile.
+    /// Makes the order in one statement that also links it to the claimed
+    /// key (so that a takeover resumes it): the buyer's live holds locked in
+    /// id order and claimed, the order written, all or nothing, and nothing
+    /// at all once the claim is lost. `None` when it was lost.
     async fn create(
         &self,
         claim: &Claim,
         request: &NewOrder,
     ) -> Result<Option<Order>, CheckoutError> {
+        // $1 user_id and $2 key are the engine's (Linking); ours start at $5:
+        // $5 order_id, $6 hold_ids, $7 currency, $8 payment_method.
+        static CREATE: LazyLock<Linking> = LazyLock::new(|| {
+            Linking::new(
+                "held AS (
+                     SELECT h.hold_id, s.label, s.price_cents
+                     FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+                     WHERE h.hold_id = ANY ($6) AND h.user_id = $1
+                       AND h.order_id IS NULL AND h.expires_at > now()
+                     ORDER BY h.hold_id
+                     FOR UPDATE OF h
+                 ), decision AS (
+                     SELECT EXISTS (SELECT 1 FROM claim)
+                            AND (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS go,
+                            (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS all_held
+                 ), claimed AS (
+                     UPDATE holds SET order_id = $5
+                     WHERE hold_id IN (SELECT hold_id FROM held) AND (SELECT go FROM decision)
+                 ), inserted AS (
+                     INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
+                                         payment_method, hold_ids, seats, idempotency_key)
+                     SELECT $5, $1, 'payment_pending', sum(price_cents)::bigint, $7, $8, $6,
+                            array_agg(label ORDER BY array_position($6, hold_id)), $2
+                     FROM held
+                     HAVING (SELECT go FROM decision)
+                     RETURNING created_at, amount_cents, seats
+                 )",
+                "(SELECT all_held FROM decision)",
+                "d.all_held, i.created_at, i.amount_cents, i.seats
+                 FROM decision d LEFT JOIN inserted i ON true",
+            )
+        });
         let order_id = Uuid::new_v4();
-        let effect = order_id.to_string();
-        let mut client = self.pool.get().await?;
-        let unit = claim.unit(&mut client).await?;
-        // The link goes first and the order right behind it, in one round
-        // trip; the unit commits only if both stand.
-        let (fence, order) = tokio::try_join!(
-            async { unit.link(&effect).await.map_err(CheckoutError::from) },
-            insert_pending(
-                unit.tx(),
-                order_id,
-                &claim.user_id,
-                claim.key.as_str(),
-                request
-            ),
-        )?;
-        let order = match (fence, order) {
-            (Fence::Held, None) => {
-                unit.rollback().await?;
-                return Err(CheckoutError::HoldUnavailable);
-            }
-            (_, order) => order,
-        };
-        Ok(match unit.finish(fence).await? {
-            Committed::Done => order,
-            Committed::Fenced => None,
-        })
+        let client = self.pool.get().await?;
+        let (fence, row) = claim
+            .link_with(
+                &client,
+                &CREATE,
+                &order_id.to_string(),
+                &[
+                    &order_id,
+                    &request.hold_ids,
+                    &CURRENCY,
+                    &request.payment_method.as_str(),
+                ],
+            )
+            .await?;
+        if fence == Fence::Lost {
+            return Ok(None);
+        }
+        if !row.try_get::<_, bool>("all_held")? {
+            return Err(CheckoutError::HoldUnavailable);
+        }
+        Ok(Some(Order {
+            order_id,
+            status: OrderStatus::PaymentPending,
+            amount_cents: row.try_get("amount_cents")?,
+            currency: CURRENCY.to_owned(),
+            hold_ids: request.hold_ids.clone(),
+            seats: row.try_get("seats")?,
+            charge_id: None,
+            created_at: crate::checkout::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
+            payment_method: request.payment_method.clone(),
+            user_id: claim.user_id.clone(),
+            idempotency_key: claim.key.as_str().to_owned(),
+        }))
     }
-}
-
-/// Claims the buyer's live holds (locked in id order) and writes the
-/// `payment_pending` order for them, in one statement, all or nothing:
-/// `None` when a hold is unknown, not the buyer's, expired or in another
-/// order. `idempotency_key` is the click's, for reconciliation to find.
-pub async fn insert_pending(
-    client: &impl GenericClient,
-    order_id: Uuid,
-    user_id: &str,
-    idempotency_key: &str,
-    request: &NewOrder,
-) -> Result<Option<Order>, CheckoutError> {
-    let statement = client
-        .prepare_cached(
-            "WITH held AS (
-                 SELECT h.hold_id, s.label, s.price_cents
-                 FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-                 WHERE h.hold_id = ANY ($2) AND h.user_id = $3
-                   AND h.order_id IS NULL AND h.expires_at > now()
-                 ORDER BY h.hold_id
-                 FOR UPDATE OF h
-             ), decision AS (
-                 SELECT (SELECT count(*) FROM held) = cardinality($2::bigint[]) AS all_held
-             ), claimed AS (
-                 UPDATE holds SET order_id = $1
-                 WHERE hold_id IN (SELECT hold_id FROM held)
-                   AND (SELECT all_held FROM decision)
-             ), inserted AS (
-                 INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
-                                     payment_method, hold_ids, seats, idempotency_key)
-                 SELECT $1, $3, 'payment_pending', sum(price_cents)::bigint, $5, $6, $2,
-                        array_agg(label ORDER BY array_position($2, hold_id)), $4
-                 FROM held
-                 HAVING (SELECT all_held FROM decision)
-                 RETURNING created_at, amount_cents, seats
-             )
-             SELECT d.all_held, i.created_at, i.amount_cents, i.seats
-             FROM decision d LEFT JOIN inserted i ON true",
-        )
-        .await?;
-    let row = client
-        .query_one(
-            &statement,
-            &[
-                &order_id,
-                &request.hold_ids,
-                &user_id,
-                &idempotency_key,
-                &CURRENCY,
-                &request.payment_method.as_str(),
-            ],
-        )
-        .await?;
-    if !row.try_get::<_, bool>("all_held")? {
-        return Ok(None);
-    }
-    Ok(Some(Order {
-        order_id,
-        status: OrderStatus::PaymentPending,
-        amount_cents: row.try_get("amount_cents")?,
-        currency: CURRENCY.to_owned(),
-        hold_ids: request.hold_ids.clone(),
-        seats: row.try_get("seats")?,
-        charge_id: None,
-        created_at: crate::checkout::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
-        payment_method: request.payment_method.clone(),
-        user_id: user_id.to_owned(),
-        idempotency_key: idempotency_key.to_owned(),
-    }))
 }

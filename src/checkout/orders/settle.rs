@@ -1,49 +1,71 @@
 //! Payrail's decision, recorded: the order moves to `paid` or `declined`
 //! (a declined order gives its holds back) and its answer is stored on the
-//! key that made it, in one transaction. The order row is locked first and
-//! the key row last, as every writer of both does, so none of them deadlock.
+//! key that made it, in one statement for the claim's own request, in one
+//! transaction for reconciliation. The order row is locked first and the key
+//! row last, as every writer of both does, so none of them deadlock.
+
+use std::sync::LazyLock;
 
 use deadpool_postgres::GenericClient;
-use idempotency::{Claim, Done};
+use idempotency::{Claim, Done, Fence, Storing};
 use uuid::Uuid;
 
 use super::{load, Order, OrderStatus, Orders, COLUMNS};
 use crate::checkout::CheckoutError;
 use crate::payrail::ChargeOutcome;
 
-/// The usual end of a click: the settlement and the answer, made from the
-/// order in hand, in one unit of the claim and one round trip. An order that
-/// someone else settled first (reconciliation, with the same answer from
-/// Payrail) is answered as it now stands; a claim lost meanwhile keeps
-/// nothing, and the request that took the key over settles the order.
+/// The usual end of a click, in one statement (one round trip, one commit):
+/// the settlement, and the answer, made from the order in hand, stored on
+/// the claimed key while the claim holds. The order row is locked first and
+/// the key row last. A claim lost meanwhile stores nothing but leaves the
+/// order settled with Payrail's answer, as reconciliation would; whoever
+/// holds the key now answers from it. An order someone else settled first
+/// (reconciliation, with the same answer from Payrail) is answered as it now
+/// stands.
 pub(super) async fn claimed(
     orders: &Orders,
     mut order: Order,
     outcome: &ChargeOutcome,
     claim: &Claim,
 ) -> Result<Done, CheckoutError> {
+    // $8 order_id, $9 status, $10 charge_id ($1-$7 are the engine's).
+    static SETTLE: LazyLock<Storing> = LazyLock::new(|| {
+        Storing::new(
+            "settled AS (
+                 UPDATE orders SET status = $9, charge_id = $10, updated_at = now()
+                 WHERE order_id = $8 AND status = 'payment_pending'
+                 RETURNING 1
+             ), released AS (
+                 UPDATE holds SET order_id = NULL
+                 WHERE order_id = $8 AND $9 = 'declined' AND EXISTS (SELECT 1 FROM settled)
+             )",
+            "EXISTS (SELECT 1 FROM settled)",
+            "EXISTS (SELECT 1 FROM settled) AS settled",
+        )
+    });
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
     let answer = (orders.answer)(&order);
-    let mut client = orders.pool.get().await?;
-    let unit = claim.unit(&mut client).await?;
-    let (settled, fence) = tokio::try_join!(
-        async {
-            settle(unit.tx(), order.order_id, status, charge_id)
-                .await
-                .map_err(CheckoutError::from)
-        },
-        async { unit.store(&answer).await.map_err(CheckoutError::from) },
-    )?;
-    if settled.is_none() {
-        unit.rollback().await?;
+    let client = orders.pool.get().await?;
+    let (fence, row) = claim
+        .store_with(
+            &client,
+            &SETTLE,
+            &answer,
+            &[&order.order_id, &status, &charge_id],
+        )
+        .await?;
+    if !row.try_get::<_, bool>("settled")? {
         let settled = load(&client, order.order_id).await?.ok_or_else(|| {
             CheckoutError::Inconsistent(format!("order {} vanished while settling", order.order_id))
         })?;
         return Ok(Done::Answer((orders.answer)(&settled)));
     }
-    Ok(Done::stored(unit.finish(fence).await?, answer))
+    Ok(match fence {
+        Fence::Held => Done::Stored(answer),
+        Fence::Lost => Done::Fenced,
+    })
 }
 
 impl Orders {

@@ -1,0 +1,134 @@
+//! One-statement units: an effect that is one SQL statement gets the key's
+//! new state written by the same statement, in one round trip and one
+//! commit, instead of a [`Unit`](crate::Unit)'s transaction around two.
+//!
+//! The endpoint writes its effect as data-modifying CTEs and a boolean
+//! `made` that says whether the effect was made; the engine wraps them with
+//! its own CTEs on `idempotency_keys` and adds a first column, `held`: did
+//! the claim still hold when the key was written. The engine's parameters
+//! come first ($1 `user_id`, $2 `key`, $3 the claim token, then the link or
+//! the answer); the endpoint's start at [`Linking::FIRST_PARAM`] or
+//! [`Storing::FIRST_PARAM`]. Build each statement once (a `LazyLock`).
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use crate::{Claim, Error, Fence, StoredResponse};
+
+/// Makes an effect and links it to the key, only while the claim holds.
+///
+/// The engine's `claim` CTE locks the key row first, and only while the
+/// claim holds and has no effect yet; every write of the endpoint's CTEs
+/// must be guarded by `EXISTS (SELECT 1 FROM claim)`, so that a request
+/// that lost its claim makes nothing. A takeover then finds the link and
+/// resumes the effect.
+pub struct Linking(String);
+
+impl Linking {
+    /// The endpoint's first parameter.
+    pub const FIRST_PARAM: usize = 5;
+
+    pub fn new(effect: &str, made: &str, select: &str) -> Self {
+        Self(format!(
+            "WITH claim AS (
+                 SELECT 1 FROM idempotency_keys
+                 WHERE user_id = $1 AND key = $2 AND claim_token = $3
+                   AND response_status IS NULL AND effect IS NULL
+                 FOR UPDATE
+             ), {effect},
+             linked AS (
+                 UPDATE idempotency_keys SET effect = $4
+                 WHERE user_id = $1 AND key = $2 AND claim_token = $3
+                   AND EXISTS (SELECT 1 FROM claim) AND ({made})
+             )
+             SELECT EXISTS (SELECT 1 FROM claim) AS held, {select}"
+        ))
+    }
+}
+
+/// Records an outcome and stores the intent's answer, the answer only while
+/// the claim holds (and only if `made`).
+///
+/// For an effect that is true whoever holds the claim (recording a
+/// decision that another system made, such as a payment's): its writes run
+/// even when the claim was lost, and the request that holds the key now
+/// finds them. The key row is written last, after the endpoint's rows, the
+/// order every writer of both keeps.
+pub struct Storing(String);
+
+impl Storing {
+    /// The endpoint's first parameter.
+    pub const FIRST_PARAM: usize = 8;
+
+    pub fn new(effect: &str, made: &str, select: &str) -> Self {
+        Self(format!(
+            "WITH {effect},
+             stored AS (
+                 UPDATE idempotency_keys
+                 SET response_status = $4, response_content_type = $5,
+                     response_location = $6, response_body = $7
+                 WHERE user_id = $1 AND key = $2 AND claim_token = $3
+                   AND response_status IS NULL AND ({made})
+                 RETURNING 1
+             )
+             SELECT EXISTS (SELECT 1 FROM stored) AS held, {select}"
+        ))
+    }
+}
+
+impl Claim {
+    /// Runs a [`Linking`] statement outside any transaction: the effect
+    /// and its link commit together, or nothing does.
+    pub async fn link_with(
+        &self,
+        client: &impl GenericClient,
+        statement: &Linking,
+        effect: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Fence, Row), Error> {
+        let ours: [&(dyn ToSql + Sync); 4] =
+            [&self.user_id, &self.key.as_str(), &self.token, &effect];
+        self.query(client, &statement.0, &ours, params).await
+    }
+
+    /// Runs a [`Storing`] statement outside any transaction: the outcome
+    /// and the answer commit together (the answer only while the claim holds).
+    pub async fn store_with(
+        &self,
+        client: &impl GenericClient,
+        statement: &Storing,
+        answer: &StoredResponse,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Fence, Row), Error> {
+        let status = answer.status as i16;
+        let ours: [&(dyn ToSql + Sync); 7] = [
+            &self.user_id,
+            &self.key.as_str(),
+            &self.token,
+            &status,
+            &answer.content_type,
+            &answer.location,
+            &answer.body,
+        ];
+        self.query(client, &statement.0, &ours, params).await
+    }
+
+    async fn query(
+        &self,
+        client: &impl GenericClient,
+        sql: &str,
+        ours: &[&(dyn ToSql + Sync)],
+        theirs: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Fence, Row), Error> {
+        let statement = client.prepare_cached(sql).await?;
+        let params: Vec<&(dyn ToSql + Sync)> = ours.iter().chain(theirs).copied().collect();
+        let row = client.query_one(&statement, &params).await?;
+        let fence = if row.try_get("held")? {
+            Fence::Held
+        } else {
+            Fence::Lost
+        };
+        Ok((fence, row))
+    }
+}
