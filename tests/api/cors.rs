@@ -180,10 +180,17 @@ async fn the_demo_page_is_served_without_a_token() {
         header(response.headers(), "content-type"),
         Some("text/html; charset=utf-8")
     );
+    let csp = header(response.headers(), "content-security-policy")
+        .unwrap_or_default()
+        .to_owned();
     let page = response.text().await.unwrap();
     assert!(
-        page.contains("crypto.randomUUID"),
-        "the page makes its keys"
+        page.contains(r#"from '/client/checkout.js'"#),
+        "the page makes its keys with the client module"
+    );
+    assert!(
+        csp.contains("script-src 'self'"),
+        "the page may load the module: {csp}"
     );
     assert!(page.contains(r#"data-testid="pay""#));
 }
