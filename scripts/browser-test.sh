@@ -6,7 +6,8 @@
 # Starts a real `payrail-sandbox` and a real `stagedoor-checkout` (built with
 # cargo; debug, or release with --release) on free ports against a throwaway
 # database, mints a token, and runs tests/browser/checkout.mjs, which drives
-# /demo/ in headless Chromium (playwright-core, Debian's chromium). Whatever
+# /demo/ and the client module it imports (/client/checkout.js) in headless
+# Chromium (playwright-core, Debian's chromium). Whatever
 # happens, both processes are stopped and the database is dropped.
 #
 # Installs what it needs when missing: Debian's `chromium` (apt-get) and the

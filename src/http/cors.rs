@@ -1,7 +1,9 @@
 //! CORS for the buyer's browser: only the origins in
 //! `http.cors_origins` may call the API from a page of their own, with the
-//! three request headers a checkout needs, and they may read the three
-//! response headers a retrying client acts on.
+//! request headers a checkout needs (`Prefer` too, so that a retry may wait
+//! for an earlier attempt's answer), and they may read the response headers
+//! a retrying client acts on. The same goes for importing `/client/checkout.js`:
+//! a module script is fetched in CORS mode.
 //!
 //! Preflights are answered here, before routing and before authentication: a
 //! browser never sends a bearer token with an `OPTIONS` preflight. With no
@@ -25,7 +27,7 @@ pub fn cors(origins: &[String]) -> Cors {
         .iter()
         .fold(Cors::default(), |cors, origin| cors.allowed_origin(origin))
         .allowed_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-        .allowed_headers(["Authorization", "Content-Type", "Idempotency-Key"])
-        .expose_headers(["Location", "Retry-After", REPLAYED])
+        .allowed_headers(["Authorization", "Content-Type", "Idempotency-Key", "Prefer"])
+        .expose_headers(["Location", "Retry-After", REPLAYED, "Preference-Applied"])
         .max_age(PREFLIGHT_MAX_AGE_SECS)
 }

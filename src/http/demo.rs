@@ -8,9 +8,10 @@ use actix_web::{HttpRequest, HttpResponse};
 
 const PAGE: &str = include_str!("../../web/demo/index.html");
 
-/// The page may run its own inline script and style and call this origin's
-/// API, nothing else; a `?token=` in its address never leaves in a Referer.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+/// The page may run its own inline script and style, import this origin's
+/// client module (`/client/checkout.js`) and call this origin's API, nothing
+/// else; a `?token=` in its address never leaves in a Referer.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self' 'unsafe-inline'; \
     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
     form-action 'none'; frame-ancestors 'none'";
 

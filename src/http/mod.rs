@@ -3,6 +3,7 @@
 
 mod auth;
 mod body;
+mod client;
 pub mod cors;
 mod demo;
 mod health;
@@ -64,7 +65,13 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(endpoint("/orders", Method::POST, orders::create))
         .service(endpoint("/orders/{order_id}", Method::GET, orders::show))
         .service(endpoint("/demo/", Method::GET, demo::page))
-        .service(endpoint("/demo", Method::GET, demo::redirect));
+        .service(endpoint("/demo", Method::GET, demo::redirect))
+        .service(endpoint("/client/checkout.js", Method::GET, client::module))
+        .service(endpoint(
+            "/client/checkout.d.ts",
+            Method::GET,
+            client::types,
+        ));
 }
 
 /// A path served by one method; the others answer 405 `method-not-allowed`

@@ -162,3 +162,25 @@ async fn a_valid_hs256_token_is_accepted() {
         .unwrap();
     assert_eq!(response.status(), 200);
 }
+
+#[tokio::test]
+async fn the_browser_files_need_no_token_and_ignore_a_bad_one() {
+    // The demo page and the client module are public (they hold no secret;
+    // the API calls they make carry the buyer's own token): a stale token
+    // left in a browser must not keep the checkout page from loading.
+    let app = spawn_app().await;
+    for path in ["/demo/", "/client/checkout.js", "/client/checkout.d.ts"] {
+        for authorization in [None, Some("Bearer not.a.jwt"), Some("Basic YWxpY2U6cHc=")] {
+            let mut request = app.http.get(app.url(path));
+            if let Some(value) = authorization {
+                request = request.header("Authorization", value);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200, "{path} with {authorization:?}");
+            assert!(
+                response.headers().get("www-authenticate").is_none(),
+                "{path}"
+            );
+        }
+    }
+}

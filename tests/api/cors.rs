@@ -33,7 +33,7 @@ async fn preflight(app: &TestApp, origin: &str, path: &str, method: &str) -> req
         .header("Access-Control-Request-Method", method)
         .header(
             "Access-Control-Request-Headers",
-            "authorization, content-type, idempotency-key",
+            "authorization, content-type, idempotency-key, prefer",
         )
         .send()
         .await
@@ -62,7 +62,7 @@ async fn a_preflight_from_an_allowed_origin_is_answered_without_a_token() {
             "{path}"
         );
         let allowed = names(headers, "access-control-allow-headers");
-        for wanted in ["authorization", "content-type", "idempotency-key"] {
+        for wanted in ["authorization", "content-type", "idempotency-key", "prefer"] {
             assert!(
                 allowed.iter().any(|h| h == wanted),
                 "{wanted} in {allowed:?}"
@@ -103,7 +103,12 @@ async fn a_replayed_order_to_an_allowed_origin_exposes_the_headers_a_client_acts
     assert_eq!(header(headers, "idempotent-replayed"), Some("true"));
     assert!(header(headers, "location").is_some());
     let exposed = names(headers, "access-control-expose-headers");
-    for wanted in ["location", "retry-after", "idempotent-replayed"] {
+    for wanted in [
+        "location",
+        "retry-after",
+        "idempotent-replayed",
+        "preference-applied",
+    ] {
         assert!(
             exposed.iter().any(|h| h == wanted),
             "{wanted} in {exposed:?}"
@@ -175,10 +180,17 @@ async fn the_demo_page_is_served_without_a_token() {
         header(response.headers(), "content-type"),
         Some("text/html; charset=utf-8")
     );
+    let csp = header(response.headers(), "content-security-policy")
+        .unwrap_or_default()
+        .to_owned();
     let page = response.text().await.unwrap();
     assert!(
-        page.contains("crypto.randomUUID"),
-        "the page makes its keys"
+        page.contains(r#"from '/client/checkout.js'"#),
+        "the page makes its keys with the client module"
+    );
+    assert!(
+        csp.contains("script-src 'self'"),
+        "the page may load the module: {csp}"
     );
     assert!(page.contains(r#"data-testid="pay""#));
 }

@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod bad_night;
 mod cli;
+mod client;
 mod cors;
 mod crash;
 mod expiry;

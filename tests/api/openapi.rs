@@ -24,8 +24,14 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/orders/{order_id}"),
 ];
 
-/// Served, but a browser page rather than API: not in the document.
-const PAGES: &[(&str, &str)] = &[("GET", "/demo/"), ("GET", "/demo")];
+/// Served, but browser files rather than API (the demo page, the client
+/// module and its types): not in the document.
+const PAGES: &[(&str, &str)] = &[
+    ("GET", "/demo/"),
+    ("GET", "/demo"),
+    ("GET", "/client/checkout.js"),
+    ("GET", "/client/checkout.d.ts"),
+];
 
 /// The only routes that need no bearer token.
 const OPEN: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];

@@ -1,8 +1,8 @@
-// Drives the reference checkout page (/demo/) in headless Chromium against a
-// REAL running service and Payrail sandbox, and checks the promise from the
-// browser's side: the key is made at the click, a retry of the click reuses
-// it, a new click makes a new one, and the sandbox's ledger shows one charge
-// per click. scripts/browser-test.sh starts everything and sets:
+// Drives the reference checkout page (/demo/, which uses the client module
+// /client/checkout.js) in headless Chromium against a REAL running service
+// and Payrail sandbox, and checks the promise from the browser's side: the
+// key is made at the click, a retry of the click reuses it, a new click makes
+// a new one, and the sandbox's ledger shows one charge per click. scripts/browser-test.sh starts everything and sets:
 //
 //   STAGEDOOR_URL      the service, e.g. http://127.0.0.1:PORT
 //   PAYRAIL_URL        the sandbox the service charges through
@@ -174,6 +174,9 @@ try {
     const seats = await page.locator('[data-testid^="seat-"][data-seat-id]').count();
     check(seats === 200, `the demo event shows ${seats} seats, not 200`);
     check(!page.url().includes('token='), `the token stays in the address bar: ${page.url()}`);
+    const loaded = await page.evaluate(() => performance.getEntriesByType('resource').map((e) => e.name));
+    check(loaded.some((url) => new URL(url).pathname === '/client/checkout.js'),
+      `the page did not load the client module: ${JSON.stringify(loaded)}`);
     check(await page.getByTestId('token').inputValue() === TOKEN, 'the token field was not filled in');
     check(await page.getByTestId('pay').isDisabled(), 'Pay is enabled with nothing held');
   });
@@ -296,6 +299,33 @@ try {
       }, { base: BASE, token: TOKEN });
       check(seen.first === 201 && seen.again === 201, `cross-origin POST /holds: ${JSON.stringify(seen)}`);
       check(seen.replayed === 'true', `Idempotent-Replayed is not readable cross-origin: ${JSON.stringify(seen)}`);
+      await caller.close();
+    });
+
+    await step(`a page on ${CORS_ORIGIN} imports /client/checkout.js cross-origin and holds a seat with a Click`, async () => {
+      // A module script is fetched in CORS mode, and the Click's requests
+      // carry Prefer: both must pass the service's CORS rules. No baseUrl:
+      // the module calls the service it was served from.
+      const caller = await context.newPage();
+      await caller.goto(`${CORS_ORIGIN}/healthz`);
+      const seen = await caller.evaluate(async ({ base, token }) => {
+        const { Click } = await import(`${base}/client/checkout.js`);
+        const map = await (await fetch(`${base}/events/demo/seats`, { headers: { Authorization: `Bearer ${token}` } })).json();
+        const free = map.seats.filter((s) => s.status === 'available').pop();
+        const attempts = [];
+        const click = new Click({ token, timeoutMs: 5000, onAttempt: (a) => attempts.push(a) });
+        const first = await click.hold({ seatId: free.seat_id });
+        // The same click once more, as a retry would: the first answer, replayed.
+        const again = await click.hold({ seatId: free.seat_id });
+        return {
+          key: click.key, first: first.status, again: again.status, replayed: again.replayed,
+          keys: attempts.map((a) => a.key), holdIds: [first.body.hold_id, again.body.hold_id],
+        };
+      }, { base: BASE, token: TOKEN });
+      check(seen.first === 201 && seen.again === 201, `holds through the module: ${JSON.stringify(seen)}`);
+      check(seen.replayed, `the second answer is not a replay: ${JSON.stringify(seen)}`);
+      check(seen.keys.length === 2 && seen.keys.every((k) => k === seen.key), `keys: ${JSON.stringify(seen)}`);
+      check(seen.holdIds[0] === seen.holdIds[1], `two holds for one click: ${JSON.stringify(seen)}`);
       await caller.close();
     });
 

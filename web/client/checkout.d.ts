@@ -1,0 +1,146 @@
+// Types of the Stagedoor checkout browser client, /client/checkout.js.
+// The module is plain JavaScript; these say what it takes and gives back.
+
+/** RFC 9457 Problem Details: every error the service answers. */
+export interface Problem {
+  /** `https://stagedoor.example/problems/<slug>`, or `about:blank` for a body that was not JSON. */
+  type: string;
+  title: string;
+  status: number;
+  detail?: string;
+  [member: string]: unknown;
+}
+
+/** The 201 of `POST /orders` (and `GET /orders/{order_id}`). */
+export interface Order {
+  order_id: string;
+  status: 'paid' | 'declined' | 'payment_pending';
+  amount_cents: number;
+  currency: string;
+  hold_ids: number[];
+  seats: string[];
+  charge_id: string | null;
+  created_at: string;
+}
+
+/** The 201 of `POST /holds`. */
+export interface Hold {
+  hold_id: number;
+  seat_id: number;
+  expires_at: string;
+}
+
+/**
+ * The service's answer to a click: what the first attempt that got an answer
+ * saw. A 201 has `T` as its body; any other status (402 payment-declined,
+ * 409 hold-unavailable or seat-unavailable, 422 invalid-order, 401 ...) a
+ * `Problem`.
+ */
+export interface Answer<T> {
+  status: number;
+  body: T | Problem | null;
+  /** `Idempotent-Replayed: true`: the service had answered this key before (an abandoned attempt got it first). */
+  replayed: boolean;
+  /** The click's `Idempotency-Key`. */
+  key: string;
+  /** How many requests the click has sent so far. */
+  attempts: number;
+}
+
+/** One request of a click, as `onAttempt` and `NoAnswerError.last` see it. */
+export interface Attempt {
+  key: string;
+  /** 1 for the click's first request, then 2, 3 ... (across resumed calls too). */
+  attempt: number;
+  method: 'POST';
+  path: '/orders' | '/holds';
+  /** The HTTP status, or null when no answer came (see `error`). */
+  status: number | null;
+  /** Why no answer came: the per-attempt timeout, or a network error. */
+  error: 'timeout' | 'network' | null;
+  /** The network error's message. */
+  message: string | null;
+  body: unknown;
+  replayed: boolean;
+  retryAfter: string | null;
+  /** `Preference-Applied`: the service waited for an earlier attempt's answer (`Prefer: wait`). */
+  preferenceApplied: string | null;
+  elapsedMs: number;
+  /** When the next attempt goes (same key), or null: this attempt ended the call (an answer, or no more time). */
+  retryInMs: number | null;
+}
+
+export interface ClickOptions {
+  /** The buyer's bearer token; a function is asked again for every attempt (a token that refreshes). */
+  token: string | (() => string);
+  /** The service; by default the one that served the module (`new URL('..', import.meta.url)`). */
+  baseUrl?: string | URL;
+  /** One attempt's timeout, the body read included. Default 10 000. */
+  timeoutMs?: number;
+  /**
+   * `Prefer: wait=N`: how long the service may wait for an earlier attempt's
+   * answer instead of answering 409 request-in-progress. Whole seconds,
+   * shorter than `timeoutMs`; default one second less than it; 0 sends no
+   * `Prefer`.
+   */
+  waitSecs?: number;
+  /** All attempts of one call together. Default 60 000. */
+  deadlineMs?: number;
+  /** Attempts per call, the first included. Default 10. */
+  maxAttempts?: number;
+  /** The backoff's first ceiling; it doubles per failure up to `backoffMaxMs`. Default 500. */
+  backoffFirstMs?: number;
+  /** Default 8 000. */
+  backoffMaxMs?: number;
+  /** Called after every attempt (a log, a spinner); what it throws does not stop the click. */
+  onAttempt?: (attempt: Attempt) => void;
+  /** For tests: the fetch to use. Default `globalThis.fetch`. */
+  fetch?: (url: string, init: RequestInit) => Promise<Response>;
+  /** For tests: milliseconds since the epoch. Default `Date.now`. */
+  now?: () => number;
+  /** For tests: resolves after `ms`, or as soon as `signal` aborts. Default: a `setTimeout`. */
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
+  /** For tests: uniform in [0, 1), for the backoff's jitter. Default `Math.random`. */
+  random?: () => number;
+}
+
+/**
+ * The buyer's one act, and every request sent for it: constructing one is the
+ * click, and makes its key (`crypto.randomUUID()`). A click sends one request;
+ * calling the same method again with the same arguments resumes it under the
+ * same key, anything else rejects with a `TypeError`. A new act is a new
+ * `Click`.
+ *
+ * Retried with the same key: timeouts, network errors, 5xx, 409
+ * request-in-progress and 429 (after `Retry-After`). Everything else is the
+ * answer. Rejects with `NoAnswerError` when the deadline or the attempt cap
+ * comes first.
+ */
+export class Click {
+  constructor(options: ClickOptions);
+  /** The `Idempotency-Key` of every request this click sends. */
+  readonly key: string;
+  /** `POST /orders` `{"hold_ids", "payment_method"}`. */
+  order(request: { holdIds: number[]; paymentMethod: string }): Promise<Answer<Order>>;
+  /** `POST /holds` `{"seat_id"}`, keyed. */
+  hold(request: { seatId: number }): Promise<Answer<Hold>>;
+}
+
+/**
+ * No answer before the deadline or the attempt cap: the work may still have
+ * been done. Resume the same click (same key), never a new one.
+ */
+export class NoAnswerError extends Error {
+  readonly name: 'NoAnswerError';
+  readonly key: string;
+  readonly attempts: number;
+  readonly last: Attempt;
+}
+
+export const DEFAULTS: Readonly<{
+  timeoutMs: number;
+  deadlineMs: number;
+  maxAttempts: number;
+  backoffFirstMs: number;
+  backoffMaxMs: number;
+}>;
