@@ -13,6 +13,7 @@ mod helpers;
 mod holds;
 mod idempotency;
 mod invariants;
+mod limits;
 mod metrics;
 mod migrations;
 mod openapi;
