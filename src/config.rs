@@ -26,6 +26,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub payrail: PayrailSettings,
     pub idempotency: IdempotencySettings,
+    pub limits: LimitSettings,
     pub redis: RedisSettings,
     pub reconcile: ReconcileSettings,
     pub holds: HoldSettings,
@@ -93,6 +94,15 @@ pub struct IdempotencySettings {
     /// The longest a `Prefer: wait` request waits for the holder's answer.
     pub max_wait_secs: u64,
     pub lock: LockMode,
+}
+
+/// The per-buyer limit on new intents, per instance.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LimitSettings {
+    /// New keys a buyer may claim per second, on average.
+    pub new_keys_per_sec: u32,
+    /// ... and at once.
+    pub burst: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -208,7 +218,12 @@ impl Settings {
                 );
             }
         }
-        let at_least_one: [(&'static str, u64); 10] = [
+        let at_least_one: [(&'static str, u64); 12] = [
+            (
+                "limits.new_keys_per_sec",
+                self.limits.new_keys_per_sec.into(),
+            ),
+            ("limits.burst", self.limits.burst.into()),
             ("database.pool_size", self.database.pool_size as u64),
             ("payrail.timeout_ms", self.payrail.timeout_ms),
             ("payrail.max_attempts", self.payrail.max_attempts.into()),
@@ -253,6 +268,18 @@ impl IdempotencySettings {
     }
     pub fn cleanup_interval(&self) -> Duration {
         Duration::from_secs(self.cleanup_interval_secs)
+    }
+}
+
+impl LimitSettings {
+    /// The limit as the engine takes it (validation keeps both above 0).
+    pub fn limit(&self) -> idempotency::Limit {
+        let at_least_one =
+            |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+        idempotency::Limit::new(
+            at_least_one(self.new_keys_per_sec),
+            at_least_one(self.burst),
+        )
     }
 }
 

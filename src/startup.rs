@@ -59,7 +59,7 @@ impl Application {
             EmbeddedSandbox::base_url,
         );
         let state = web::Data::new(state(&settings, pool.clone(), &payrail_url).await?);
-        let orders = state.orders.clone();
+        let (orders, limit) = (state.orders.clone(), state.limit.clone());
         let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port))
             .with_context(|| {
                 format!(
@@ -84,7 +84,7 @@ impl Application {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
-        let jobs = Jobs::spawn(pool.clone(), orders, &settings);
+        let jobs = Jobs::spawn(pool.clone(), orders, limit, &settings);
         tracing::info!(port, environment = %settings.environment, "stagedoor checkout listening");
         Ok(Self {
             port,
@@ -140,12 +140,15 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
     };
+    let limit = settings.limits.limit();
     Ok(AppState {
         engine: Engine::new(pool.clone(), policy)
             .with_gate(gate)
+            .with_limit(limit.clone())
             .on_outcome(observe::idempotency)
             .on_wait(observe::idempotency_wait),
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
+        limit,
         pool,
         tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,

@@ -63,6 +63,11 @@ struct HoldRequest {
                 ("Idempotent-Replayed" = String, description = "`true` on a replay"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
             )),
+        (status = 429, description = "`rate-limited`: a new click past the buyer's limit \
+            (`limits.new_keys_per_sec`, `limits.burst`, per instance); nothing was stored for the \
+            key, and a retry of an answered key is never limited",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),
         (status = 422, description = "`idempotency-key-reused`: the key was sent with another request",
@@ -80,6 +85,11 @@ pub async fn create(
     let bytes = body::read(&req, payload, state.max_body_bytes).await?;
     let request: HoldRequest = body::json(&bytes)?;
     let Some(key) = key else {
+        // Every unkeyed hold is a new intent: limited like a new key.
+        state
+            .limit
+            .take(buyer.0.as_str())
+            .map_err(|retry_after| Problem::RateLimited { retry_after })?;
         let client = state.pool.get().await?;
         let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.hold_ttl).await?;
         return Ok(HttpResponse::Created().json(hold));

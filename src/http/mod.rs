@@ -37,6 +37,9 @@ pub use orders::answer as order_answer;
 pub struct AppState {
     pub pool: Pool,
     pub engine: Engine,
+    /// The per-buyer limit on new intents, shared with the engine (which
+    /// applies it to keyed requests); unkeyed `POST /holds` asks it directly.
+    pub limit: idempotency::Limit,
     pub orders: Orders,
     pub tokens: Tokens,
     /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).

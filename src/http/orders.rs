@@ -76,6 +76,11 @@ pub struct OrderRequest {
                 ("Idempotent-Replayed" = String, description = "`true` on a replay"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
             )),
+        (status = 429, description = "`rate-limited`: a new click past the buyer's limit \
+            (`limits.new_keys_per_sec`, `limits.burst`, per instance); nothing was stored for the \
+            key, and a retry of an answered key is never limited",
+            body = ProblemDetails, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),
         (status = 422, description = "`invalid-order` (no holds, a hold twice, a malformed \

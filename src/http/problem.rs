@@ -50,6 +50,10 @@ pub enum Problem {
     /// 409 `request-in-progress`, with `Retry-After: 1`.
     #[error("a request with this Idempotency-Key is still in progress; retry shortly")]
     RequestInProgress,
+    /// 429 `rate-limited`, with `Retry-After`: a new intent past the buyer's
+    /// limit; nothing was written.
+    #[error("too many new requests from this buyer; retry after the time Retry-After says")]
+    RateLimited { retry_after: Duration },
     /// 409 `seat-unavailable`.
     #[error("this seat is held by someone else or already sold")]
     SeatUnavailable,
@@ -154,6 +158,11 @@ impl Problem {
                 "request-in-progress",
                 "Request in progress",
             ),
+            RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Rate limited",
+            ),
             SeatUnavailable => (StatusCode::CONFLICT, "seat-unavailable", "Seat unavailable"),
             HoldUnavailable => (StatusCode::CONFLICT, "hold-unavailable", "Hold unavailable"),
             InvalidOrder(_) => (
@@ -225,7 +234,9 @@ impl Problem {
             Problem::RequestInProgress | Problem::ServiceUnavailable(_) => {
                 Some(Duration::from_secs(1))
             }
-            Problem::PaymentUnavailable { retry_after } => Some(*retry_after),
+            Problem::PaymentUnavailable { retry_after } | Problem::RateLimited { retry_after } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -267,6 +278,7 @@ impl From<Refusal> for Problem {
         match refusal {
             Refusal::InProgress => Problem::RequestInProgress,
             Refusal::KeyReused => Problem::KeyReused,
+            Refusal::Limited(retry_after) => Problem::RateLimited { retry_after },
         }
     }
 }

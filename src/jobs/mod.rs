@@ -12,6 +12,8 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use idempotency::Limit;
+
 use crate::checkout::orders::Orders;
 use crate::config::Settings;
 
@@ -22,7 +24,7 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    pub fn spawn(pool: Pool, orders: Orders, settings: &Settings) -> Self {
+    pub fn spawn(pool: Pool, orders: Orders, limit: Limit, settings: &Settings) -> Self {
         let cancel = CancellationToken::new();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
         let reconcile = reconcile::Reconcile::new(pool, orders, &settings.reconcile);
@@ -38,6 +40,12 @@ impl Jobs {
             every(settings.reconcile.interval(), cancel.clone(), move || {
                 let reconcile = reconcile.clone();
                 async move { reconcile.run_logged().await }
+            }),
+            // The limit's buckets of buyers not seen lately are full again:
+            // forget them, so that its memory holds only recent buyers.
+            every(Duration::from_secs(60), cancel.clone(), move || {
+                let limit = limit.clone();
+                async move { limit.shrink() }
             }),
         ];
         Self { cancel, tasks }

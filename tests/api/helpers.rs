@@ -67,8 +67,15 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     // Background jobs stay out of the way unless a test asks for them.
     settings.reconcile.interval_secs = 3_600;
     settings.idempotency.cleanup_interval_secs = 3_600;
+    // Storms and races send a buyer's new clicks far faster than a person:
+    // the per-buyer limit is tested on its own (limits.rs).
+    settings.limits.new_keys_per_sec = UNLIMITED;
+    settings.limits.burst = UNLIMITED;
     settings
 }
+
+/// A per-buyer limit no test reaches unless it means to.
+const UNLIMITED: u32 = 1_000_000;
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
@@ -339,6 +346,11 @@ impl TestApp {
             ),
             ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false".into()),
             ("STAGEDOOR__DATABASE__POOL_SIZE", "4".into()),
+            (
+                "STAGEDOOR__LIMITS__NEW_KEYS_PER_SEC",
+                s.limits.new_keys_per_sec.to_string(),
+            ),
+            ("STAGEDOOR__LIMITS__BURST", s.limits.burst.to_string()),
             ("STAGEDOOR__DEMO__SEED", "false".into()),
             ("STAGEDOOR__PAYRAIL__SANDBOX", "false".into()),
             ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),

@@ -14,6 +14,7 @@ mod helpers;
 mod holds;
 mod idempotency;
 mod invariants;
+mod limits;
 mod metrics;
 mod migrations;
 mod openapi;

@@ -41,6 +41,8 @@ pub enum Refusal {
     InProgress,
     /// 422: the key was first sent with another request.
     KeyReused,
+    /// 429: a new intent past the scope's limit; retry after this long.
+    Limited(std::time::Duration),
 }
 
 /// The response for a reply: the stored answer (plus `Idempotent-Replayed:
@@ -51,6 +53,7 @@ pub fn respond(reply: Reply) -> Result<HttpResponse, Refusal> {
         Reply::Replay(response) => Ok(response_of(&response, true)),
         Reply::InProgress => Err(Refusal::InProgress),
         Reply::KeyReused => Err(Refusal::KeyReused),
+        Reply::Limited(wait) => Err(Refusal::Limited(wait)),
     }
 }
 

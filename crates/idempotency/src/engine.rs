@@ -10,7 +10,7 @@ use deadpool_postgres::Pool;
 use crate::store::{self, Begin};
 use crate::unit::{self, Committed, Fence};
 use crate::wait::{WaitOutcome, Waiters};
-use crate::{Error, Gate, IdempotencyKey, RequestHash, StoredResponse};
+use crate::{Error, Gate, IdempotencyKey, Limit, RequestHash, StoredResponse};
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
 /// in-progress claim belongs to its request before another may take it over.
@@ -90,6 +90,9 @@ pub enum Reply {
     InProgress,
     /// The key was first used for a different request; never its answer.
     KeyReused,
+    /// A new intent past the scope's limit: nothing was written; come back
+    /// after this long.
+    Limited(Duration),
 }
 
 /// A failure of a keyed request: the engine's, or the work's own. A work
@@ -113,16 +116,19 @@ pub enum Outcome {
     KeyReused,
     ExpiredTakeover,
     LeaseTakeover,
+    /// A new intent refused by the scope's [`Limit`](crate::Limit).
+    RateLimited,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::First,
         Outcome::Replay,
         Outcome::InProgress,
         Outcome::KeyReused,
         Outcome::ExpiredTakeover,
         Outcome::LeaseTakeover,
+        Outcome::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +139,7 @@ impl Outcome {
             Outcome::KeyReused => "key_reused",
             Outcome::ExpiredTakeover => "expired_takeover",
             Outcome::LeaseTakeover => "lease_takeover",
+            Outcome::RateLimited => "rate_limited",
         }
     }
 
@@ -142,6 +149,7 @@ impl Outcome {
             Begin::Replay(_) => Outcome::Replay,
             Begin::InProgress => Outcome::InProgress,
             Begin::KeyReused => Outcome::KeyReused,
+            Begin::Limited(_) => Outcome::RateLimited,
         }
     }
 }
@@ -154,6 +162,7 @@ pub struct Engine {
     pub(crate) pool: Pool,
     pub(crate) policy: Policy,
     pub(crate) gate: Gate,
+    limit: Option<Limit>,
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
     pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
     pub(crate) waiters: Waiters,
@@ -165,6 +174,7 @@ impl Engine {
             pool,
             policy,
             gate: Gate::Table,
+            limit: None,
             observe: Arc::new(|_| {}),
             observe_wait: Arc::new(|_, _| {}),
             waiters: Waiters::default(),
@@ -174,6 +184,12 @@ impl Engine {
     /// Puts a gate in front of the table (see [`Gate`]).
     pub fn with_gate(mut self, gate: Gate) -> Self {
         self.gate = gate;
+        self
+    }
+
+    /// Limits the new intents of each scope (see [`Limit`]).
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        self.limit = Some(limit);
         self
     }
 
@@ -224,6 +240,13 @@ impl Engine {
         key: &IdempotencyKey,
         hash: &RequestHash,
     ) -> Result<(Begin, bool), Error> {
+        if let Some(Err(wait)) = self.limit.as_ref().map(|limit| limit.take(user_id)) {
+            // Over the limit: the key is read, never inserted, so that a retry
+            // still reaches its answer and a new intent writes nothing.
+            let client = self.pool.get().await?;
+            let begun = store::existing(&client, self.policy, user_id, key, hash).await?;
+            return Ok((begun.unwrap_or(Begin::Limited(wait)), false));
+        }
         let admitted = self.gate.enter(user_id, key, self.policy.lease).await;
         let client = self.pool.get().await?;
         let begun = if admitted {
@@ -333,6 +356,7 @@ fn reply(begun: Begin) -> Reply {
     match begun {
         Begin::Replay(response) => Reply::Replay(response),
         Begin::KeyReused => Reply::KeyReused,
+        Begin::Limited(wait) => Reply::Limited(wait),
         Begin::InProgress | Begin::Claimed(_) => Reply::InProgress,
     }
 }

@@ -23,6 +23,12 @@
 //!   different request (method, path, body) is refused, never answered.
 //! - **Expiry**: a key older than its TTL is a new intent; [`Cleanup`]
 //!   deletes expired keys in short batches, one instance at a time.
+//! - **Waiting** ([`Engine::run_waiting`]): a request that finds its key in
+//!   progress may wait for the holder's answer, on any instance, holding no
+//!   connection while it waits.
+//! - **A limit on new intents** ([`Limit`], optional): past a scope's token
+//!   bucket a request that would claim a new key is refused and writes
+//!   nothing; one whose key exists is answered from the row.
 //!
 //! # What it asks of the caller
 //! - Run [`migrate`] on the database (it owns the table `idempotency_keys`).
@@ -78,6 +84,7 @@
 //!         Ok(Ok(response)) => response,
 //!         Ok(Err(actix::Refusal::InProgress)) => HttpResponse::Conflict().body("retry shortly"),
 //!         Ok(Err(actix::Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
+//!         Ok(Err(actix::Refusal::Limited(_))) => HttpResponse::TooManyRequests().finish(),
 //!         Err(_) => HttpResponse::ServiceUnavailable().finish(),
 //!     }
 //! }
@@ -120,6 +127,7 @@ mod error;
 mod fingerprint; // the request hash
 mod gate; // the optional Redis gate
 mod key; // the Idempotency-Key value
+mod limit; // new intents per scope
 mod migrate; // the key table's own migrations
 mod response; // what is stored and replayed
 mod statement; // one-statement units
@@ -133,6 +141,7 @@ pub use error::{is_unavailable, Error};
 pub use fingerprint::RequestHash;
 pub use gate::Gate;
 pub use key::{IdempotencyKey, KeyError};
+pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};
 pub use response::StoredResponse;
 pub use statement::{Linking, Storing};

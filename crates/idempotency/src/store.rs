@@ -25,6 +25,9 @@ pub enum Begin {
     InProgress,
     /// The key was first used for a different request.
     KeyReused,
+    /// A new intent past the caller's limit: nothing was written; come back
+    /// after this long.
+    Limited(std::time::Duration),
 }
 
 /// Claims the key for this request, or says why not. The first statement is
@@ -134,14 +137,28 @@ pub async fn current(
     key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<Begin, Error> {
+    Ok(existing(client, policy, user_id, key, hash)
+        .await?
+        .unwrap_or(Begin::InProgress))
+}
+
+/// What the key row says, if there is a live one (not past its TTL);
+/// `None` when the request would be a new intent.
+pub async fn existing(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Option<Begin>, Error> {
     Ok(match read(client, policy, user_id, key.as_str()).await? {
-        Some(row) if !row.expired && row.hash != hash.as_bytes() => Begin::KeyReused,
+        None | Some(KeyRow { expired: true, .. }) => None,
+        Some(row) if row.hash != hash.as_bytes() => Some(Begin::KeyReused),
         Some(KeyRow {
             response: Some(response),
-            expired: false,
             ..
-        }) => Begin::Replay(response),
-        _ => Begin::InProgress,
+        }) => Some(Begin::Replay(response)),
+        Some(_) => Some(Begin::InProgress),
     })
 }
 

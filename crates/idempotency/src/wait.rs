@@ -102,7 +102,7 @@ impl Engine {
                     let reply = self.work(claim, hash, work).await?;
                     (reply, WaitOutcome::TookOver)
                 }
-                Begin::InProgress => (
+                Begin::InProgress | Begin::Limited(_) => (
                     self.decided(begun, admitted, user_id, key).await,
                     WaitOutcome::TimedOut,
                 ),

@@ -167,7 +167,7 @@ async fn concurrent_duplicates_run_the_work_once() {
         match task.await.unwrap() {
             Reply::First(_) => first += 1,
             Reply::Replay(_) | Reply::InProgress => {}
-            Reply::KeyReused => panic!("the same request is never reused"),
+            Reply::KeyReused | Reply::Limited(_) => panic!("neither reused nor limited"),
         }
     }
     assert_eq!(first, 1);
@@ -390,4 +390,51 @@ async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fence
         engine.begin("alice", &k, &h).await.unwrap(),
         Begin::Replay(ref replay) if *replay == answer
     ));
+}
+
+#[tokio::test]
+async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answered() {
+    let toy = &toy().await;
+    let one = std::num::NonZeroU32::MIN;
+    let engine = toy
+        .engine(Duration::from_secs(30), DAY)
+        .with_limit(idempotency::Limit::new(one, one));
+    let engine = &engine;
+    let bump = |k: &'static str| async move {
+        engine
+            .run("alice", &key(k), &hash("{}"), |claim| async move {
+                toy.bump(&claim).await
+            })
+            .await
+            .unwrap()
+    };
+    let Reply::First(answer) = bump("first").await else {
+        panic!("the first intent fits the burst");
+    };
+    assert!(matches!(bump("second").await, Reply::Limited(wait) if wait > Duration::ZERO));
+    let client = toy.pool.get().await.unwrap();
+    let rows: i64 = client
+        .query_one(
+            "SELECT count(*) FROM idempotency_keys WHERE key = 'second'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing is written for a refused intent");
+    assert!(
+        matches!(bump("first").await, Reply::Replay(ref replay) if *replay == answer),
+        "a retry of an answered key is never limited"
+    );
+    let other = engine
+        .run("bob", &key("second"), &hash("{}"), |claim| async move {
+            toy.bump(&claim).await
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Reply::First(_)),
+        "another scope has a bucket of its own"
+    );
+    assert_eq!(toy.bumps().await, 2);
 }
