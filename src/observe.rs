@@ -2,7 +2,13 @@
 //! The `metrics` facade is process-wide, so the recorder is installed once
 //! and shared by every instance in the process. Metric names live here only;
 //! each label's values are an enum next to the code that counts them.
-//! Each metric's handle is made by one function here.
+//!
+//! Every series whose labels are known in advance exists from the first
+//! scrape, at zero: alerts and `rate()` need a series before its first event.
+//! Each metric's handle is made by one function here, which both the
+//! counting and the zero registration call, so the two cannot drift apart.
+//! `http_requests_total` and `http_request_duration_seconds` have open-ended
+//! labels (routes times statuses) and appear at first use.
 
 use std::sync::OnceLock;
 
@@ -49,6 +55,7 @@ pub fn install() -> &'static PrometheusHandle {
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_ok() {
             describe();
+            register_at_zero();
         }
         handle
     })
@@ -105,6 +112,38 @@ fn describe() {
         DB_POOL_CONNECTIONS,
         "Database pool connections by state, at scrape time"
     );
+}
+
+/// Every series with known labels, at zero (`increment(0)` registers a
+/// series without changing it).
+fn register_at_zero() {
+    for outcome in idempotency::Outcome::ALL {
+        idempotency_outcomes(outcome).increment(0);
+    }
+    for outcome in idempotency::WaitOutcome::ALL {
+        idempotency_waits(outcome).increment(0);
+    }
+    let _ = idempotency_wait_duration();
+    for outcome in AttemptOutcome::ALL {
+        payrail_attempts(outcome).increment(0);
+    }
+    let _ = payrail_attempt_duration();
+    payrail_breaker_open().increment(0.0);
+    payrail_breaker_rejections().increment(0);
+    for result in reconcile::RunResult::ALL {
+        reconcile_runs(result).increment(0);
+    }
+    for result in reconcile::OrderResult::ALL {
+        reconcile_orders(result).increment(0);
+    }
+    orders_pending_gauge().increment(0.0);
+    for result in cleanup::RunResult::ALL {
+        cleanup_runs(result).increment(0);
+    }
+    cleanup_rows_deleted().increment(0);
+    for state in PoolState::ALL {
+        db_pool_connections(state).increment(0.0);
+    }
 }
 
 fn idempotency_outcomes(outcome: idempotency::Outcome) -> Counter {
