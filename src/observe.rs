@@ -1,11 +1,41 @@
 //! What the service counts, served at `/metrics` in Prometheus text format.
 //! The `metrics` facade is process-wide, so the recorder is installed once
-//! and shared by every instance in the process. Metric names live here only.
+//! and shared by every instance in the process. Metric names live here only;
+//! each label's values are an enum next to the code that counts them.
+//!
+//! Every series whose labels are known in advance exists from the first
+//! scrape, at zero: alerts and `rate()` need a series before its first event.
+//! Each metric's handle is made by one function here, which both the
+//! counting and the zero registration call, so the two cannot drift apart.
+//! `http_requests_total` and `http_request_duration_seconds` have open-ended
+//! labels (routes times statuses) and appear at first use.
 
 use std::sync::OnceLock;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::jobs::{cleanup, reconcile};
+use crate::payrail::AttemptOutcome;
+
+const HTTP_REQUESTS: &str = "http_requests_total";
+const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
+const IDEMPOTENCY_OUTCOMES: &str = "idempotency_outcomes_total";
+const IDEMPOTENCY_WAITS: &str = "idempotency_waits_total";
+const IDEMPOTENCY_WAIT_DURATION: &str = "idempotency_wait_duration_seconds";
+const PAYRAIL_ATTEMPTS: &str = "payrail_attempts_total";
+const PAYRAIL_ATTEMPT_DURATION: &str = "payrail_attempt_duration_seconds";
+const PAYRAIL_BREAKER_OPEN: &str = "payrail_breaker_open";
+const PAYRAIL_BREAKER_REJECTIONS: &str = "payrail_breaker_rejections_total";
+const RECONCILE_RUNS: &str = "reconcile_runs_total";
+const RECONCILE_ORDERS: &str = "reconcile_orders_total";
+const ORDERS_PENDING: &str = "orders_pending";
+const CLEANUP_RUNS: &str = "cleanup_runs_total";
+const CLEANUP_ROWS_DELETED: &str = "cleanup_rows_deleted_total";
+const DB_POOL_CONNECTIONS: &str = "db_pool_connections";
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -25,6 +55,7 @@ pub fn install() -> &'static PrometheusHandle {
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_ok() {
             describe();
+            register_at_zero();
         }
         handle
     })
@@ -36,57 +67,135 @@ pub fn render() -> String {
 }
 
 fn describe() {
-    describe_counter!(
-        "http_requests_total",
-        "HTTP requests by method, route and status"
-    );
+    describe_counter!(HTTP_REQUESTS, "HTTP requests by method, route and status");
     describe_histogram!(
-        "http_request_duration_seconds",
+        HTTP_REQUEST_DURATION,
         "HTTP request latency by method and route"
     );
     describe_counter!(
-        "idempotency_outcomes_total",
-        "What the key row decided: first, replay, in_progress, key_reused, expired_takeover, lease_takeover"
+        IDEMPOTENCY_OUTCOMES,
+        "Keyed requests by what the key row decided (outcome)"
     );
     describe_counter!(
-        "idempotency_waits_total",
-        "How Prefer: wait requests ended: answered, timed_out, took_over"
+        IDEMPOTENCY_WAITS,
+        "Prefer: wait requests by how their wait ended (outcome)"
     );
     describe_histogram!(
-        "idempotency_wait_duration_seconds",
+        IDEMPOTENCY_WAIT_DURATION,
         "How long Prefer: wait requests waited"
     );
-    describe_counter!(
-        "payrail_attempts_total",
-        "Payrail charge attempts by outcome"
-    );
-    describe_histogram!(
-        "payrail_attempt_duration_seconds",
-        "Payrail charge attempt latency"
-    );
+    describe_counter!(PAYRAIL_ATTEMPTS, "Payrail charge attempts by outcome");
+    describe_histogram!(PAYRAIL_ATTEMPT_DURATION, "Payrail charge attempt latency");
     describe_gauge!(
-        "payrail_breaker_open",
-        "1 while the Payrail circuit breaker is open"
+        PAYRAIL_BREAKER_OPEN,
+        "1 while the Payrail circuit breaker is open, else 0"
     );
     describe_counter!(
-        "payrail_breaker_rejections_total",
+        PAYRAIL_BREAKER_REJECTIONS,
         "Charges refused by the open breaker"
     );
-    describe_counter!("reconcile_runs_total", "Reconciliation runs");
     describe_counter!(
-        "reconcile_orders_total",
+        RECONCILE_RUNS,
+        "Reconciliation runs by result (failed: the run could not claim its batch)"
+    );
+    describe_counter!(
+        RECONCILE_ORDERS,
         "Pending orders reconciliation tried, by result"
     );
     describe_gauge!(
-        "orders_pending",
+        ORDERS_PENDING,
         "Orders in payment_pending at the last reconciliation run"
     );
-    describe_counter!("cleanup_runs_total", "Expired-key cleanup runs by result");
-    describe_counter!(
-        "cleanup_rows_deleted_total",
-        "Expired idempotency keys deleted"
+    describe_counter!(CLEANUP_RUNS, "Expired-key cleanup runs by result");
+    describe_counter!(CLEANUP_ROWS_DELETED, "Expired idempotency keys deleted");
+    describe_gauge!(
+        DB_POOL_CONNECTIONS,
+        "Database pool connections by state, at scrape time"
     );
-    describe_gauge!("db_pool_connections", "Database pool connections by state");
+}
+
+/// Every series with known labels, at zero (`increment(0)` registers a
+/// series without changing it).
+fn register_at_zero() {
+    for outcome in idempotency::Outcome::ALL {
+        idempotency_outcomes(outcome).increment(0);
+    }
+    for outcome in idempotency::WaitOutcome::ALL {
+        idempotency_waits(outcome).increment(0);
+    }
+    let _ = idempotency_wait_duration();
+    for outcome in AttemptOutcome::ALL {
+        payrail_attempts(outcome).increment(0);
+    }
+    let _ = payrail_attempt_duration();
+    payrail_breaker_open().increment(0.0);
+    payrail_breaker_rejections().increment(0);
+    for result in reconcile::RunResult::ALL {
+        reconcile_runs(result).increment(0);
+    }
+    for result in reconcile::OrderResult::ALL {
+        reconcile_orders(result).increment(0);
+    }
+    orders_pending_gauge().increment(0.0);
+    for result in cleanup::RunResult::ALL {
+        cleanup_runs(result).increment(0);
+    }
+    cleanup_rows_deleted().increment(0);
+    for state in PoolState::ALL {
+        db_pool_connections(state).increment(0.0);
+    }
+}
+
+fn idempotency_outcomes(outcome: idempotency::Outcome) -> Counter {
+    counter!(IDEMPOTENCY_OUTCOMES, "outcome" => outcome.as_str())
+}
+
+fn idempotency_waits(outcome: idempotency::WaitOutcome) -> Counter {
+    counter!(IDEMPOTENCY_WAITS, "outcome" => outcome.as_str())
+}
+
+fn idempotency_wait_duration() -> Histogram {
+    histogram!(IDEMPOTENCY_WAIT_DURATION)
+}
+
+fn payrail_attempts(outcome: AttemptOutcome) -> Counter {
+    counter!(PAYRAIL_ATTEMPTS, "outcome" => outcome.as_str())
+}
+
+fn payrail_attempt_duration() -> Histogram {
+    histogram!(PAYRAIL_ATTEMPT_DURATION)
+}
+
+fn payrail_breaker_open() -> Gauge {
+    gauge!(PAYRAIL_BREAKER_OPEN)
+}
+
+fn payrail_breaker_rejections() -> Counter {
+    counter!(PAYRAIL_BREAKER_REJECTIONS)
+}
+
+fn reconcile_runs(result: reconcile::RunResult) -> Counter {
+    counter!(RECONCILE_RUNS, "result" => result.as_str())
+}
+
+fn reconcile_orders(result: reconcile::OrderResult) -> Counter {
+    counter!(RECONCILE_ORDERS, "result" => result.as_str())
+}
+
+fn orders_pending_gauge() -> Gauge {
+    gauge!(ORDERS_PENDING)
+}
+
+fn cleanup_runs(result: cleanup::RunResult) -> Counter {
+    counter!(CLEANUP_RUNS, "result" => result.as_str())
+}
+
+fn cleanup_rows_deleted() -> Counter {
+    counter!(CLEANUP_ROWS_DELETED)
+}
+
+fn db_pool_connections(state: PoolState) -> Gauge {
+    gauge!(DB_POOL_CONNECTIONS, "state" => state.as_str())
 }
 
 pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
@@ -99,54 +208,91 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
         _ => "other",
     };
     let (method, route) = (method.to_owned(), route.to_owned());
-    counter!("http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
+    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
         .increment(1);
-    histogram!("http_request_duration_seconds", "method" => method, "route" => route)
-        .record(seconds);
+    histogram!(HTTP_REQUEST_DURATION, "method" => method, "route" => route).record(seconds);
 }
 
 /// The engine's outcome hook.
 pub fn idempotency(outcome: idempotency::Outcome) {
-    counter!("idempotency_outcomes_total", "outcome" => outcome.as_str()).increment(1);
+    idempotency_outcomes(outcome).increment(1);
 }
 
 /// The engine's wait hook: how a `Prefer: wait` request's wait ended.
 pub fn idempotency_wait(outcome: idempotency::WaitOutcome, waited: std::time::Duration) {
-    counter!("idempotency_waits_total", "outcome" => outcome.as_str()).increment(1);
-    histogram!("idempotency_wait_duration_seconds").record(waited.as_secs_f64());
+    idempotency_waits(outcome).increment(1);
+    idempotency_wait_duration().record(waited.as_secs_f64());
 }
 
-pub fn payrail_attempt(outcome: &'static str, seconds: f64) {
-    counter!("payrail_attempts_total", "outcome" => outcome).increment(1);
-    histogram!("payrail_attempt_duration_seconds").record(seconds);
+pub fn payrail_attempt(outcome: AttemptOutcome, seconds: f64) {
+    payrail_attempts(outcome).increment(1);
+    payrail_attempt_duration().record(seconds);
 }
 
 pub fn breaker_open(open: bool) {
-    gauge!("payrail_breaker_open").set(if open { 1.0 } else { 0.0 });
+    payrail_breaker_open().set(if open { 1.0 } else { 0.0 });
 }
 
 pub fn breaker_rejected() {
-    counter!("payrail_breaker_rejections_total").increment(1);
+    payrail_breaker_rejections().increment(1);
 }
 
-pub fn reconcile_run(settled: usize, failed: usize) {
-    counter!("reconcile_runs_total").increment(1);
-    counter!("reconcile_orders_total", "result" => "settled").increment(settled as u64);
-    counter!("reconcile_orders_total", "result" => "failed").increment(failed as u64);
+pub fn reconcile_run(result: reconcile::RunResult, settled: usize, failed: usize) {
+    reconcile_runs(result).increment(1);
+    reconcile_orders(reconcile::OrderResult::Settled).increment(settled as u64);
+    reconcile_orders(reconcile::OrderResult::Failed).increment(failed as u64);
 }
 
 pub fn orders_pending(count: i64) {
-    gauge!("orders_pending").set(count as f64);
+    orders_pending_gauge().set(count as f64);
 }
 
-pub fn cleanup_run(result: &'static str, rows: u64) {
-    counter!("cleanup_runs_total", "result" => result).increment(1);
-    counter!("cleanup_rows_deleted_total").increment(rows);
+pub fn cleanup_run(result: cleanup::RunResult, rows: u64) {
+    cleanup_runs(result).increment(1);
+    cleanup_rows_deleted().increment(rows);
+}
+
+/// The states `db_pool_connections` reports, each read from the pool's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolState {
+    /// The pool's size limit (`database.pool_size`).
+    Max,
+    /// Connections open, in use or idle.
+    Open,
+    Idle,
+    /// Requests waiting for a connection.
+    Waiting,
+}
+
+impl PoolState {
+    pub const ALL: [PoolState; 4] = [
+        PoolState::Max,
+        PoolState::Open,
+        PoolState::Idle,
+        PoolState::Waiting,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolState::Max => "max",
+            PoolState::Open => "open",
+            PoolState::Idle => "idle",
+            PoolState::Waiting => "waiting",
+        }
+    }
+
+    fn of(self, status: &deadpool_postgres::Status) -> usize {
+        match self {
+            PoolState::Max => status.max_size,
+            PoolState::Open => status.size,
+            PoolState::Idle => status.available,
+            PoolState::Waiting => status.waiting,
+        }
+    }
 }
 
 pub fn pool(status: deadpool_postgres::Status) {
-    gauge!("db_pool_connections", "state" => "max").set(status.max_size as f64);
-    gauge!("db_pool_connections", "state" => "open").set(status.size as f64);
-    gauge!("db_pool_connections", "state" => "idle").set(status.available as f64);
-    gauge!("db_pool_connections", "state" => "waiting").set(status.waiting as f64);
+    for state in PoolState::ALL {
+        db_pool_connections(state).set(state.of(&status) as f64);
+    }
 }

@@ -9,6 +9,29 @@ pub use idempotency::cleanup::Outcome;
 
 use crate::observe;
 
+/// How a run ended, as `cleanup_runs_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunResult {
+    /// It ran (and deleted zero or more rows).
+    Done,
+    /// Another instance was already cleaning.
+    Skipped,
+    Failed,
+}
+
+impl RunResult {
+    /// Every value, for the metric's series at zero (`observe`).
+    pub const ALL: [RunResult; 3] = [RunResult::Done, RunResult::Skipped, RunResult::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunResult::Done => "done",
+            RunResult::Skipped => "skipped",
+            RunResult::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Cleanup(Engine);
 
@@ -25,7 +48,7 @@ impl Cleanup {
         let started = Instant::now();
         match self.run().await {
             Ok(Outcome::Deleted(rows)) => {
-                observe::cleanup_run("done", rows);
+                observe::cleanup_run(RunResult::Done, rows);
                 tracing::info!(
                     rows,
                     elapsed_ms = started.elapsed().as_millis() as u64,
@@ -33,11 +56,11 @@ impl Cleanup {
                 )
             }
             Ok(Outcome::Skipped) => {
-                observe::cleanup_run("skipped", 0);
+                observe::cleanup_run(RunResult::Skipped, 0);
                 tracing::debug!("key cleanup already running elsewhere")
             }
             Err(error) => {
-                observe::cleanup_run("failed", 0);
+                observe::cleanup_run(RunResult::Failed, 0);
                 tracing::warn!(error = %anyhow::Error::from(error), "key cleanup failed")
             }
         }

@@ -24,6 +24,46 @@ const CONCURRENCY: usize = 16;
 /// The longest wait between two attempts on one order.
 const MAX_DELAY_SECS: f64 = 3600.0;
 
+/// How a run ended, as `reconcile_runs_total` counts it: `failed` when it
+/// could not even claim its batch (the database), whatever its orders did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunResult {
+    Done,
+    Failed,
+}
+
+impl RunResult {
+    /// Every value, for the metric's series at zero (`observe`).
+    pub const ALL: [RunResult; 2] = [RunResult::Done, RunResult::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunResult::Done => "done",
+            RunResult::Failed => "failed",
+        }
+    }
+}
+
+/// What became of one claimed order, as `reconcile_orders_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderResult {
+    Settled,
+    /// Still no answer from Payrail: tried again later.
+    Failed,
+}
+
+impl OrderResult {
+    /// Every value, for the metric's series at zero (`observe`).
+    pub const ALL: [OrderResult; 2] = [OrderResult::Settled, OrderResult::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderResult::Settled => "settled",
+            OrderResult::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Reconcile {
     pool: Pool,
@@ -49,7 +89,13 @@ impl Reconcile {
     }
 
     pub async fn run(&self) -> Result<Report, CheckoutError> {
-        let (due, pending) = self.claim_due().await?;
+        let (due, pending) = match self.claim_due().await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                observe::reconcile_run(RunResult::Failed, 0, 0);
+                return Err(error);
+            }
+        };
         observe::orders_pending(pending);
         let results: Vec<bool> = futures_util::stream::iter(due)
             .map(|(order_id, attempts)| self.settle_one(order_id, attempts))
@@ -58,7 +104,7 @@ impl Reconcile {
             .await;
         let settled = results.iter().filter(|ok| **ok).count();
         let failed = results.len() - settled;
-        observe::reconcile_run(settled, failed);
+        observe::reconcile_run(RunResult::Done, settled, failed);
         Ok(Report { settled, failed })
     }
 

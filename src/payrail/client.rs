@@ -59,6 +59,49 @@ enum Attempt {
     Refused(reqwest::StatusCode),
 }
 
+/// How one attempt ended, as `payrail_attempts_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Succeeded,
+    Declined,
+    Timeout,
+    Error,
+    Refused,
+}
+
+impl AttemptOutcome {
+    /// Every value, for the metric's series at zero (`observe`).
+    pub const ALL: [AttemptOutcome; 5] = [
+        AttemptOutcome::Succeeded,
+        AttemptOutcome::Declined,
+        AttemptOutcome::Timeout,
+        AttemptOutcome::Error,
+        AttemptOutcome::Refused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Declined => "declined",
+            AttemptOutcome::Timeout => "timeout",
+            AttemptOutcome::Error => "error",
+            AttemptOutcome::Refused => "refused",
+        }
+    }
+}
+
+impl Attempt {
+    fn outcome(&self) -> AttemptOutcome {
+        match self {
+            Attempt::Decided(ChargeOutcome::Succeeded { .. }) => AttemptOutcome::Succeeded,
+            Attempt::Decided(ChargeOutcome::Declined { .. }) => AttemptOutcome::Declined,
+            Attempt::Failed { timed_out: true } => AttemptOutcome::Timeout,
+            Attempt::Failed { timed_out: false } => AttemptOutcome::Error,
+            Attempt::Refused(_) => AttemptOutcome::Refused,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct ChargeBody {
     id: Option<String>,
@@ -138,14 +181,7 @@ impl Client {
     async fn attempt(&self, key: &str, body: &[u8]) -> Attempt {
         let started = std::time::Instant::now();
         let attempt = self.send(key, body).await;
-        let outcome = match &attempt {
-            Attempt::Decided(ChargeOutcome::Succeeded { .. }) => "succeeded",
-            Attempt::Decided(ChargeOutcome::Declined { .. }) => "declined",
-            Attempt::Failed { timed_out: true } => "timeout",
-            Attempt::Failed { timed_out: false } => "error",
-            Attempt::Refused(_) => "refused",
-        };
-        observe::payrail_attempt(outcome, started.elapsed().as_secs_f64());
+        observe::payrail_attempt(attempt.outcome(), started.elapsed().as_secs_f64());
         attempt
     }
 

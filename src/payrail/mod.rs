@@ -6,4 +6,4 @@ mod breaker;
 mod client;
 
 pub use breaker::Breaker;
-pub use client::{Charge, ChargeOutcome, Client, PaymentError};
+pub use client::{AttemptOutcome, Charge, ChargeOutcome, Client, PaymentError};

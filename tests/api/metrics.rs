@@ -28,3 +28,106 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
         assert!(text.contains(expected), "{expected} missing from:\n{text}");
     }
 }
+
+/// A fresh process (the metrics recorder is process-wide, and other tests
+/// count in this one) lists every series with known labels before any
+/// traffic: at 0, except the pool's sizes, which are read at scrape time.
+/// The label values are the README's, so that code and documentation agree.
+#[tokio::test]
+async fn a_fresh_instance_lists_every_known_series_at_zero() {
+    let app = spawn_app().await;
+    let instance = app.spawn_process().await;
+    let response = app
+        .http
+        .get(format!("{}/metrics", instance.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let value_of = |series: &str| {
+        samples.iter().find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .map(str::to_owned)
+        })
+    };
+
+    let mut at_zero: Vec<String> = Vec::new();
+    let labelled = |name: &str, label: &str, values: &[&str]| -> Vec<String> {
+        values
+            .iter()
+            .map(|v| format!(r#"{name}{{{label}="{v}"}}"#))
+            .collect()
+    };
+    at_zero.extend(labelled(
+        "idempotency_outcomes_total",
+        "outcome",
+        &[
+            "first",
+            "replay",
+            "in_progress",
+            "key_reused",
+            "expired_takeover",
+            "lease_takeover",
+        ],
+    ));
+    at_zero.extend(labelled(
+        "idempotency_waits_total",
+        "outcome",
+        &["answered", "timed_out", "took_over"],
+    ));
+    at_zero.extend(labelled(
+        "payrail_attempts_total",
+        "outcome",
+        &["succeeded", "declined", "timeout", "error", "refused"],
+    ));
+    at_zero.extend(labelled(
+        "reconcile_runs_total",
+        "result",
+        &["done", "failed"],
+    ));
+    at_zero.extend(labelled(
+        "reconcile_orders_total",
+        "result",
+        &["settled", "failed"],
+    ));
+    at_zero.extend(labelled(
+        "cleanup_runs_total",
+        "result",
+        &["done", "skipped", "failed"],
+    ));
+    at_zero.extend(
+        [
+            "payrail_breaker_open",
+            "payrail_breaker_rejections_total",
+            "orders_pending",
+            "cleanup_rows_deleted_total",
+            r#"db_pool_connections{state="waiting"}"#,
+            "idempotency_wait_duration_seconds_count",
+            "payrail_attempt_duration_seconds_count",
+        ]
+        .map(str::to_owned),
+    );
+    for series in &at_zero {
+        assert_eq!(
+            value_of(series).as_deref(),
+            Some("0"),
+            "{series} is not at 0 in:\n{text}"
+        );
+    }
+    for state in ["max", "open", "idle"] {
+        let series = format!(r#"db_pool_connections{{state="{state}"}}"#);
+        assert!(
+            value_of(&series).is_some(),
+            "{series} missing from:\n{text}"
+        );
+    }
+    assert_eq!(
+        value_of(r#"db_pool_connections{state="max"}"#).as_deref(),
+        Some("4"),
+        "the pool's size (STAGEDOOR__DATABASE__POOL_SIZE of spawn_process)"
+    );
+    instance.stop(std::time::Duration::from_secs(10)).await;
+}
