@@ -1,5 +1,8 @@
 //! The command line: `serve` (the default) and the admin commands.
 
+mod keys;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -54,9 +57,29 @@ enum Command {
     },
     /// Delete expired idempotency keys once and print how many rows went.
     Cleanup,
+    /// Show, purge or count idempotency keys (support and operations).
+    ///
+    /// Exit status: 0 found or done, 1 no such key, 2 refused (also bad
+    /// arguments, as for every command), 3 failed.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+    },
 }
 
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+impl Cli {
+    /// The exit status of a command that failed: 3 for `keys`, whose 1 means
+    /// "no such key", else 1.
+    pub fn failure(&self) -> ExitCode {
+        match self.command {
+            Some(Command::Keys { .. }) => ExitCode::from(keys::FAILED),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// Runs a command; its exit status when it did not fail.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load()?;
     telemetry::init(settings.is_production());
     match cli.command.unwrap_or(Command::Serve) {
@@ -96,6 +119,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Keys { command } => return keys::run(command, &settings).await,
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

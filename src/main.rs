@@ -3,11 +3,13 @@ use stagedoor_checkout::cli::{self, Cli};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match cli::run(Cli::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    let cli = Cli::parse();
+    let failed = cli.failure();
+    match cli::run(cli).await {
+        Ok(status) => status,
         Err(error) => {
             eprintln!("error: {error:#}");
-            std::process::ExitCode::FAILURE
+            failed
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The command line, run as the real binary.
 
+mod keys;
+
 use std::process::Output;
 
 use crate::helpers::{spawn_app, Seen, TestApp};

@@ -46,6 +46,10 @@
 //! - Never hold a unit (a transaction) across a call to another system: link
 //!   the effect, commit, call, then settle in a second unit.
 //!
+//! For support and operations, [`inspect`] shows what one key holds, purges
+//! a key whose intent is over (never one in progress or whose effect is
+//! still settling), and counts the table's rows.
+//!
 //! # A toy endpoint
 //! A counter that a retried `POST /bump` must not bump twice:
 //!
@@ -126,6 +130,7 @@ mod engine; // the flow of a keyed request
 mod error;
 mod fingerprint; // the request hash
 mod gate; // the optional Redis gate
+pub mod inspect; // key tooling: show, purge, stats
 mod key; // the Idempotency-Key value
 mod limit; // new intents per scope
 mod migrate; // the key table's own migrations
@@ -140,6 +145,7 @@ pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunErro
 pub use error::{is_unavailable, Error};
 pub use fingerprint::RequestHash;
 pub use gate::Gate;
+pub use inspect::{KeyReport, KeyState, Purge, Refusal, Settling, Stats};
 pub use key::{IdempotencyKey, KeyError};
 pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};

@@ -197,28 +197,32 @@ impl KeyRow {
         let Some(hash) = row.try_get::<_, Option<Vec<u8>>>("request_hash")? else {
             return Ok(None);
         };
-        let status: Option<i16> = row.try_get("response_status")?;
-        let response = match status {
-            Some(status) => Some(StoredResponse {
-                status: u16::try_from(status).unwrap_or(500),
-                content_type: row
-                    .try_get::<_, Option<String>>("response_content_type")?
-                    .unwrap_or_default(),
-                location: row.try_get("response_location")?,
-                body: row
-                    .try_get::<_, Option<Vec<u8>>>("response_body")?
-                    .unwrap_or_default(),
-            }),
-            None => None,
-        };
         Ok(Some(KeyRow {
             hash,
             token: row.try_get("claim_token")?,
-            response,
+            response: stored_response(row)?,
             expired: row.try_get("expired")?,
             lease_over: row.try_get("lease_over")?,
         }))
     }
+}
+
+/// The stored answer of a selected key row (its `response_*` columns), or
+/// `None` while the key is in progress.
+pub(crate) fn stored_response(row: &Row) -> Result<Option<StoredResponse>, Error> {
+    let Some(status) = row.try_get::<_, Option<i16>>("response_status")? else {
+        return Ok(None);
+    };
+    Ok(Some(StoredResponse {
+        status: u16::try_from(status).unwrap_or(500),
+        content_type: row
+            .try_get::<_, Option<String>>("response_content_type")?
+            .unwrap_or_default(),
+        location: row.try_get("response_location")?,
+        body: row
+            .try_get::<_, Option<Vec<u8>>>("response_body")?
+            .unwrap_or_default(),
+    }))
 }
 
 /// The key row of (user_id, key) as it is now, if there is one.

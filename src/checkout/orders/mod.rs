@@ -27,6 +27,15 @@ use crate::payrail::{self, Charge};
 pub use settle::record_decision;
 pub use status::{OrderStatus, PaymentMethod};
 
+/// When the effect an idempotency key links is still settling, for the key
+/// tooling (`keys purge`): the key's order is waiting for Payrail's answer.
+/// Forgetting its key then would let a retry of the click make a second
+/// order and a second charge. Every effect this service links is an order id.
+pub const SETTLING: idempotency::Settling = idempotency::Settling::when(
+    "EXISTS (SELECT 1 FROM orders o
+             WHERE o.order_id = k.effect::uuid AND o.status = 'payment_pending')",
+);
+
 /// Every order is charged in this currency.
 pub const CURRENCY: &str = "USD";
 /// More holds than this in one order is not a checkout a person makes.

@@ -1,0 +1,309 @@
+//! The key tooling (`idempotency::inspect`) against a real PostgreSQL (a
+//! database per test): what a key shows in each state, which purges are
+//! refused and why, that a purged key is a new intent, and the stats.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::Pool;
+use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
+use idempotency::inspect::{self, KeyState, Purge, Refusal, Settling};
+use idempotency::{
+    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
+    StoredResponse,
+};
+use test_support::db::TestDatabase;
+
+const DAY: Duration = Duration::from_secs(86_400);
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A toy effect that settles later: a row per effect, pending until settled.
+const PENDING: Settling =
+    Settling::when("EXISTS (SELECT 1 FROM effects e WHERE e.id = k.effect AND NOT e.settled)");
+
+struct Toy {
+    _db: Arc<TestDatabase>,
+    pool: Pool,
+}
+
+async fn toy() -> Toy {
+    let db = TestDatabase::create().await;
+    let mut client = db.client().await;
+    idempotency::migrate(&mut client).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE effects (id text PRIMARY KEY, settled boolean NOT NULL DEFAULT false)",
+        )
+        .await
+        .unwrap();
+    let pool = db.pool(8);
+    Toy { _db: db, pool }
+}
+
+fn policy(ttl: Duration) -> Policy {
+    Policy { ttl, lease: LEASE }
+}
+
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(text.as_bytes()).unwrap()
+}
+
+fn hash() -> RequestHash {
+    RequestHash::of("POST", "/effects", b"{}")
+}
+
+impl Toy {
+    fn engine(&self, ttl: Duration) -> Engine {
+        Engine::new(self.pool.clone(), policy(ttl))
+    }
+
+    /// A click that got its answer: `body` stored with status 201.
+    async fn answered(&self, ttl: Duration, user: &str, k: &str, body: &[u8]) -> StoredResponse {
+        let answer = StoredResponse::new(201, "application/json", body.to_vec());
+        let stored = answer.clone();
+        let reply = self
+            .engine(ttl)
+            .run(user, &key(k), &hash(), |_| async move {
+                Ok::<_, idempotency::Error>(Done::Answer(stored))
+            })
+            .await
+            .unwrap();
+        assert!(matches!(reply, Reply::First(_)), "{reply:?}");
+        answer
+    }
+
+    /// A click whose request holds its key right now.
+    async fn claimed(&self, ttl: Duration, user: &str, k: &str) -> Claim {
+        match self
+            .engine(ttl)
+            .begin(user, &key(k), &hash())
+            .await
+            .unwrap()
+        {
+            Begin::Claimed(claim) => claim,
+            other => panic!("a new key is claimed: {other:?}"),
+        }
+    }
+
+    /// A claimed click that made an effect still settling (a payment that
+    /// has no answer yet), and whose request then died.
+    async fn settling(&self, ttl: Duration, user: &str, k: &str, effect: &str) {
+        let claim = self.claimed(ttl, user, k).await;
+        let mut client = self.pool.get().await.unwrap();
+        let unit = claim.unit(&mut client).await.unwrap();
+        unit.tx()
+            .execute("INSERT INTO effects (id) VALUES ($1)", &[&effect])
+            .await
+            .unwrap();
+        let fence = unit.link(effect).await.unwrap();
+        assert_eq!(fence, Fence::Held);
+        unit.finish(fence).await.unwrap();
+    }
+
+    async fn settle(&self, effect: &str) {
+        let client = self.pool.get().await.unwrap();
+        client
+            .execute(
+                "UPDATE effects SET settled = true WHERE id = $1",
+                &[&effect],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn show(&self, ttl: Duration, user: &str, k: &str) -> Option<inspect::KeyReport> {
+        let client = self.pool.get().await.unwrap();
+        inspect::inspect(&client, policy(ttl), user, &key(k))
+            .await
+            .unwrap()
+    }
+
+    async fn purge(&self, ttl: Duration, user: &str, k: &str) -> Purge {
+        let mut client = self.pool.get().await.unwrap();
+        inspect::purge(&mut client, policy(ttl), user, &key(k), PENDING)
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
+    let toy = toy().await;
+    assert_eq!(toy.show(DAY, "alice", "never-sent").await, None);
+
+    let before = SystemTime::now() - Duration::from_secs(5);
+    toy.claimed(DAY, "alice", "holding").await;
+    let holding = toy.show(DAY, "alice", "holding").await.unwrap();
+    assert_eq!(holding.state, KeyState::InProgress);
+    assert!(holding.created_at > before);
+    assert_eq!(
+        holding
+            .expires_at
+            .duration_since(holding.created_at)
+            .unwrap(),
+        DAY
+    );
+    assert!(holding.lease_expires_at > holding.created_at);
+    assert!(!holding.lease_expired);
+    assert_eq!((holding.effect, holding.response), (None, None));
+    assert_eq!(
+        toy.show(DAY, "bob", "holding").await,
+        None,
+        "another user's key is not bob's"
+    );
+
+    let answer = toy.answered(DAY, "alice", "done", b"\xff not UTF-8").await;
+    let done = toy.show(DAY, "alice", "done").await.unwrap();
+    assert_eq!(done.state, KeyState::Answered);
+    assert_eq!(done.response, Some(answer), "the stored bytes, as stored");
+
+    toy.settling(DAY, "alice", "paying", "effect-1").await;
+    let paying = toy.show(DAY, "alice", "paying").await.unwrap();
+    assert_eq!(paying.state, KeyState::InProgress);
+    assert_eq!(paying.effect.as_deref(), Some("effect-1"));
+
+    // Under a TTL of a second, a second later, every one of them is expired.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for k in ["holding", "done", "paying"] {
+        let old = toy.show(Duration::from_secs(1), "alice", k).await.unwrap();
+        assert_eq!(old.state, KeyState::Expired, "{k}");
+    }
+}
+
+#[tokio::test]
+async fn a_purged_answer_is_gone_and_the_next_request_with_its_key_is_a_new_intent() {
+    let toy = toy().await;
+    assert_eq!(toy.purge(DAY, "alice", "never-sent").await, Purge::Absent);
+
+    let answer = toy.answered(DAY, "alice", "k-1", b"{\"n\":1}").await;
+    let Purge::Purged(report) = toy.purge(DAY, "alice", "k-1").await else {
+        panic!("an answered key is purged");
+    };
+    assert_eq!(report.state, KeyState::Answered);
+    assert_eq!(report.response, Some(answer), "what was deleted");
+    assert_eq!(toy.show(DAY, "alice", "k-1").await, None);
+    assert_eq!(toy.purge(DAY, "alice", "k-1").await, Purge::Absent);
+
+    let again = toy.claimed(DAY, "alice", "k-1").await;
+    assert_eq!(again.kind, ClaimKind::First, "a new intent, not a replay");
+}
+
+#[tokio::test]
+async fn a_key_in_progress_is_refused_and_stays() {
+    let toy = toy().await;
+    toy.claimed(DAY, "alice", "holding").await;
+    let Purge::Refused(Refusal::InProgress, report) = toy.purge(DAY, "alice", "holding").await
+    else {
+        panic!("a key in progress is refused");
+    };
+    assert_eq!(report.state, KeyState::InProgress);
+    assert!(toy.show(DAY, "alice", "holding").await.is_some());
+
+    // Past its TTL, without an effect, it is as good as absent: purged.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let ttl = Duration::from_secs(1);
+    assert!(matches!(
+        toy.purge(ttl, "alice", "holding").await,
+        Purge::Purged(ref report) if report.state == KeyState::Expired
+    ));
+}
+
+#[tokio::test]
+async fn a_key_whose_effect_is_settling_is_refused_until_the_effect_settles() {
+    let toy = toy().await;
+    let ttl = Duration::from_secs(1);
+    toy.settling(DAY, "alice", "paying", "effect-1").await;
+    // An answer stored on a key whose effect has not settled yet: still no.
+    toy.settling(DAY, "alice", "stored-early", "effect-2").await;
+    let client = toy.pool.get().await.unwrap();
+    let answer = StoredResponse::new(202, "application/json", b"{}".to_vec());
+    assert!(
+        idempotency::store_for_effect(&client, "alice", "stored-early", "effect-2", &answer)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    for (k, effect) in [("paying", "effect-1"), ("stored-early", "effect-2")] {
+        let refused = toy.purge(ttl, "alice", k).await;
+        assert!(
+            matches!(refused, Purge::Refused(Refusal::Settling, ref report)
+                if report.state == KeyState::Expired && report.effect.as_deref() == Some(effect)),
+            "{k}: {refused:?}"
+        );
+        assert!(toy.show(ttl, "alice", k).await.is_some(), "{k} stays");
+        toy.settle(effect).await;
+        assert!(
+            matches!(toy.purge(ttl, "alice", k).await, Purge::Purged(_)),
+            "{k}"
+        );
+    }
+}
+
+/// A request that claimed a key links a settling effect while a purge of the
+/// (expired) key is under way: the purge waits for it and then sees the
+/// effect, instead of deleting the row with a view of the effects from
+/// before the link committed.
+#[tokio::test]
+async fn a_purge_racing_a_link_sees_the_linked_effect() {
+    let toy = toy().await;
+    let ttl = Duration::from_secs(1);
+    let claim = toy.claimed(DAY, "alice", "late").await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    let mut client = toy.pool.get().await.unwrap();
+    let unit = claim.unit(&mut client).await.unwrap();
+    unit.tx()
+        .execute("INSERT INTO effects (id) VALUES ('effect-late')", &[])
+        .await
+        .unwrap();
+    let fence = unit.link("effect-late").await.unwrap();
+    assert_eq!(fence, Fence::Held);
+    let (purged, _) = tokio::join!(toy.purge(ttl, "alice", "late"), async {
+        // The purge is blocked on the key row meanwhile.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unit.finish(fence).await.unwrap()
+    });
+    assert!(
+        matches!(purged, Purge::Refused(Refusal::Settling, _)),
+        "{purged:?}"
+    );
+}
+
+#[tokio::test]
+async fn stats_count_the_rows_by_state_and_what_the_cleanup_would_delete() {
+    let toy = toy().await;
+    // Long enough that the rows made after the pause are not expired yet by
+    // the time they are counted, even on a busy machine.
+    let ttl = Duration::from_secs(2);
+    let client = toy.pool.get().await.unwrap();
+    let empty = inspect::stats(&client, policy(ttl)).await.unwrap();
+    assert_eq!((empty.rows(), empty.oldest_age), (0, None));
+
+    for n in 0..3 {
+        toy.answered(DAY, "old", &format!("old-{n}"), b"{}").await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    for n in 0..2 {
+        toy.answered(DAY, "alice", &format!("done-{n}"), b"{}")
+            .await;
+    }
+    toy.claimed(DAY, "alice", "holding").await;
+    toy.settling(DAY, "bob", "paying", "effect-1").await;
+
+    let stats = inspect::stats(&client, policy(ttl)).await.unwrap();
+    assert_eq!(
+        (stats.in_progress, stats.answered, stats.expired),
+        (2, 2, 3)
+    );
+    assert_eq!(stats.rows(), 7);
+    assert_eq!(stats.cleanup_due, 3);
+    assert!(stats.oldest_age.unwrap() >= Duration::from_millis(2_100));
+    assert!(stats.table_bytes >= 8_192, "{stats:?}");
+    assert!(stats.index_bytes >= 2 * 8_192, "two indexes: {stats:?}");
+
+    let cleanup = Cleanup::new(toy.pool.clone(), ttl);
+    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(3));
+    let after = inspect::stats(&client, policy(ttl)).await.unwrap();
+    assert_eq!((after.rows(), after.expired, after.cleanup_due), (4, 0, 0));
+}
