@@ -13,6 +13,7 @@ mod helpers;
 mod holds;
 mod idempotency;
 mod invariants;
+mod late_database;
 mod metrics;
 mod migrations;
 mod openapi;
