@@ -50,13 +50,18 @@ ENV STAGEDOOR_ENV=production \
     STAGEDOOR_CONFIG_DIR=/app/config
 # stagedoor, numeric so that an orchestrator's runAsNonRoot can verify it.
 USER 10001:10001
-# The service (server.port). payrail-sandbox, run from this image with
-# --host 0.0.0.0 --port 8081 (docker-compose.yml), listens on 8081.
-EXPOSE 8080
+# No EXPOSE: two programs run from this image on two ports, the service on
+# server.port (8080) and payrail-sandbox on its --port (8081 in
+# docker-compose.yml). Every container of an image inherits the image's
+# EXPOSE and nothing at run time can remove it, so an EXPOSE 8080 here
+# would have the sandbox's container advertise a port it never listens on.
+# Each container declares its own instead: `expose:`/`ports:` in
+# docker-compose.yml, `-p 8080:8080` with docker run, containerPort in a pod.
 # SIGTERM: stop accepting, drain in-flight requests, stop the jobs, exit 0.
 STOPSIGNAL SIGTERM
-# Liveness on /healthz (no database involved). Whoever moves server.port
-# overrides this too, as docker-compose.yml does for payrail-sandbox.
+# Liveness on /healthz (no database involved) of the default program, the
+# service on 8080. Whoever moves server.port overrides this too, as
+# docker-compose.yml does for payrail-sandbox.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["curl", "-fsS", "-o", "/dev/null", "http://127.0.0.1:8080/healthz"]
 ENTRYPOINT ["stagedoor-checkout"]

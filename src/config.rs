@@ -54,6 +54,9 @@ pub struct DatabaseSettings {
     /// Create the database named in `url` when it is missing (local runs).
     pub create_if_missing: bool,
     pub pool_timeout_ms: u64,
+    /// How long the start keeps trying a database that does not answer yet;
+    /// 0 gives up at the first refusal.
+    pub connect_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -296,6 +299,9 @@ impl DatabaseSettings {
     pub fn pool_timeout(&self) -> Duration {
         Duration::from_millis(self.pool_timeout_ms)
     }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +318,7 @@ mod tests {
         assert!(settings.payrail.sandbox);
         assert_eq!(settings.server.port, 8080);
         assert_eq!(settings.idempotency.lock, LockMode::Table);
+        assert_eq!(settings.database.connect_timeout_secs, 60);
     }
 
     #[test]

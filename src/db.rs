@@ -1,8 +1,11 @@
 //! The PostgreSQL pool, database creation for local runs, and the embedded
 //! migrations. Everything else asks this module for a `Pool` and never opens
-//! connections of its own.
+//! connections of its own. At start, [`Patience`] waits for a database that
+//! is not up yet (`database.connect_timeout_secs`).
 
+use std::future::Future;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use secrecy::ExposeSecret;
@@ -28,6 +31,15 @@ pub enum DbError {
     Migrate(#[from] refinery::Error),
     #[error("the idempotency engine")]
     Engine(#[from] idempotency::Error),
+    #[error(
+        "not reachable after {tries} tries in {waited_secs} s (database.connect_timeout_secs)"
+    )]
+    GaveUp {
+        tries: u32,
+        waited_secs: u64,
+        #[source]
+        last: Box<DbError>,
+    },
 }
 
 impl DbError {
@@ -38,9 +50,100 @@ impl DbError {
             DbError::Pool(_) => true,
             DbError::Postgres(e) => idempotency::is_unavailable(e),
             DbError::Engine(e) => e.is_unavailable(),
+            DbError::GaveUp { .. } => true,
             _ => false,
         }
     }
+}
+
+/// The wait after the first refused try; it doubles after each one, up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// How long the start waits for a database that is not up yet (a container
+/// started beside this one, a server restarting): `database.connect_timeout_secs`
+/// from the moment it is made, one budget for every step it retries.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    started: Instant,
+    /// `None`: a timeout too long to represent, which is no deadline.
+    deadline: Option<Instant>,
+}
+
+impl Patience {
+    pub fn new(settings: &DatabaseSettings) -> Self {
+        let started = Instant::now();
+        Self {
+            started,
+            deadline: started.checked_add(settings.connect_timeout()),
+        }
+    }
+
+    /// Runs `attempt` (`what`: what it does, for the log) until it
+    /// succeeds, fails for another reason than an unreachable database (a
+    /// bad password, a missing database, a failed migration: that error at
+    /// once), or the deadline has passed. Between tries it waits 0.2 s,
+    /// doubling up to 5 s, never past the deadline; each failed try is a
+    /// WARN line with its error and the wait before the next. With a timeout
+    /// of 0 the first failure is the answer, as it is.
+    pub async fn retrying<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T, DbError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, DbError>>,
+    {
+        let mut delay = RETRY_FIRST;
+        let mut tries: u32 = 0;
+        loop {
+            tries += 1;
+            let error = match attempt().await {
+                Ok(value) => {
+                    if tries > 1 {
+                        tracing::info!(step = what, tries, "the database answers");
+                    }
+                    return Ok(value);
+                }
+                Err(error) if error.is_unavailable() => error,
+                Err(error) => return Err(error),
+            };
+            let left = self.deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Err(if tries == 1 {
+                    error
+                } else {
+                    DbError::GaveUp {
+                        tries,
+                        waited_secs: self.started.elapsed().as_secs(),
+                        last: Box::new(error),
+                    }
+                });
+            }
+            let wait = delay.min(left);
+            tracing::warn!(
+                step = what,
+                attempt = tries,
+                error = %with_sources(&error),
+                retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "the database is not reachable yet; retrying"
+            );
+            tokio::time::sleep(wait).await;
+            delay = (delay * 2).min(RETRY_MAX);
+        }
+    }
+}
+
+/// `error: its source: ...`, for a log line.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A server option every pooled connection starts with.

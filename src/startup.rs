@@ -157,14 +157,20 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     })
 }
 
-/// Creates the database when allowed, then applies pending migrations.
+/// Creates the database when allowed, then applies pending migrations;
+/// both wait for a database that is not up yet, for
+/// `database.connect_timeout_secs` in all (`db::Patience`).
 pub async fn prepare_database(settings: &Settings) -> anyhow::Result<()> {
-    if settings.database.create_if_missing {
-        db::create_if_missing(&settings.database)
+    let database = &settings.database;
+    let patience = db::Patience::new(database);
+    if database.create_if_missing {
+        patience
+            .retrying("creating the database", || db::create_if_missing(database))
             .await
             .context("creating the database (database.url)")?;
     }
-    db::migrate(&settings.database)
+    patience
+        .retrying("applying migrations", || db::migrate(database))
         .await
         .context("applying migrations (database.url)")?;
     Ok(())

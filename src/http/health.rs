@@ -20,6 +20,10 @@ pub struct Health {
     path = "/healthz",
     tag = "operations",
     summary = "Liveness",
+    description = "200 while the process serves HTTP. It asks nothing of the database (that is \
+        `/readyz`), so a database outage never makes an orchestrator restart a healthy \
+        instance. No token.",
+    security(),
     responses((status = 200, description = "The process is up", body = Health))
 )]
 pub async fn healthz() -> HttpResponse {
@@ -32,6 +36,10 @@ pub async fn healthz() -> HttpResponse {
     path = "/readyz",
     tag = "operations",
     summary = "Readiness",
+    description = "200 when a pooled database connection answers; 503 `service-unavailable` \
+        while the database is out of reach, so that a load balancer sends this instance no \
+        traffic until it is back. No token.",
+    security(),
     responses(
         (status = 200, description = "The database answers", body = Health),
         super::openapi::ServerFailures,

@@ -118,6 +118,9 @@ fn answer(hold: &Hold) -> StoredResponse {
     operation_id = "release_hold",
     tag = "holds",
     summary = "Give a held seat back",
+    description = "Deletes one of the buyer's own holds that is in no order, so that its seat is \
+        available again. An unknown hold, another buyer's, or one in an order is 404 alike: a \
+        hold id tells nobody else anything.",
     params(("hold_id" = i64, Path, description = "The hold's id")),
     security(("bearer" = [])),
     responses(

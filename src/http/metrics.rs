@@ -10,6 +10,10 @@ use crate::observe;
     path = "/metrics",
     tag = "operations",
     summary = "Prometheus metrics",
+    description = "This instance's counters, gauges and histograms in the Prometheus text \
+        exposition format (0.0.4); every known label value is there from the first scrape. No \
+        token: scrape it from inside the deployment's network.",
+    security(),
     responses((status = 200, description = "Prometheus text exposition format",
         body = String, content_type = "text/plain"))
 )]

@@ -24,8 +24,12 @@ const BEARER: &str = "bearer";
         description = "Seat holds and idempotent orders: one click is one order and at most \
             one charge. Every error is RFC 9457 Problem Details (`application/problem+json`) \
             with `type` = `https://stagedoor.example/problems/<slug>`; a wrong method on a \
-            known path is 405 `method-not-allowed`, an unknown path 404 `not-found`."
+            known path is 405 `method-not-allowed`, an unknown path 404 `not-found`.",
+        contact(name = "Stagedoor checkout", url = "https://stagedoor.example/")
     ),
+    // Relative: the API is at the root of wherever this document was fetched
+    // from (a local run, a container, behind a proxy that keeps the paths).
+    servers((url = "/", description = "The instance that serves this document")),
     paths(
         super::seats::seat_map,
         super::holds::create,
@@ -101,6 +105,9 @@ impl Modify for BearerAuth {
     path = "/openapi.json",
     tag = "operations",
     summary = "This document",
+    description = "The OpenAPI document of this API, generated from the handlers, so it \
+        changes with the code. No token: clients and tools read it before they have one.",
+    security(),
     responses((status = 200, description = "The OpenAPI document", body = Object))
 )]
 pub async fn openapi_json() -> HttpResponse {

@@ -144,6 +144,9 @@ pub fn answer(order: &Order) -> StoredResponse {
     operation_id = "show_order",
     tag = "orders",
     summary = "One of the buyer's orders",
+    description = "The order as it is now: `payment_pending` until Payrail's answer is known \
+        (reconciliation settles an order whose answer was lost), then `paid` or `declined`. \
+        Another buyer's order is 404, as if it did not exist.",
     params(("order_id" = uuid::Uuid, Path, description = "The order's id")),
     security(("bearer" = [])),
     responses(

@@ -11,6 +11,9 @@ use crate::checkout::seats::{self, SeatMap};
     operation_id = "seat_map",
     tag = "seats",
     summary = "The seat map of an event",
+    description = "Every seat of the event, in seat order, with its label, price and status: \
+        `available`, `held` (a live hold has it, or an order waiting for its payment) or `sold` \
+        (a paid order has it).",
     params(("event_id" = String, Path, description = "The event's id", example = "demo")),
     security(("bearer" = [])),
     responses(

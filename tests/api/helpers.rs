@@ -30,6 +30,7 @@ pub fn pool(url: &str) -> deadpool_postgres::Pool {
         pool_size: 1,
         create_if_missing: false,
         pool_timeout_ms: 5_000,
+        connect_timeout_secs: 0,
     })
     .expect("a pool")
 }

@@ -14,6 +14,7 @@ mod helpers;
 mod holds;
 mod idempotency;
 mod invariants;
+mod late_database;
 mod limits;
 mod metrics;
 mod migrations;

@@ -88,6 +88,8 @@ async fn the_document_is_openapi_3_and_lists_exactly_the_served_routes() {
     let version = doc["openapi"].as_str().expect("an openapi member");
     assert!(version.starts_with("3."), "OpenAPI 3.x, not {version}");
     assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    // Relative, so that it names whichever instance served the document.
+    assert_eq!(doc["servers"][0]["url"], "/", "servers: {}", doc["servers"]);
 
     let documented: BTreeSet<(String, String)> = operations(&doc)
         .into_iter()
@@ -138,10 +140,19 @@ async fn every_documented_operation_is_served_and_guarded_as_documented() {
 
     for (method, path, operation) in operations(&doc) {
         let what = format!("{method} {path}");
-        let guarded = operation["security"]
+        // Each operation says it: the bearer scheme, or `[]` for none.
+        let security = operation["security"]
             .as_array()
-            .is_some_and(|s| s.iter().any(|r| r.get("bearer").is_some()));
+            .unwrap_or_else(|| panic!("{what} declares its security"));
+        let guarded = security.iter().any(|r| r.get("bearer").is_some());
         assert_eq!(guarded, !OPEN.contains(&path.as_str()), "{what}: security");
+        assert!(guarded || security.is_empty(), "{what}: {security:?}");
+        assert!(
+            operation["description"]
+                .as_str()
+                .is_some_and(|d| !d.is_empty()),
+            "{what} has a description"
+        );
 
         // Without a token a guarded route answers 401 before it looks at
         // anything else, and an open one answers; neither is 404 or 405.

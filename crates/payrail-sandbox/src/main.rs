@@ -3,7 +3,9 @@
 //!
 //! stdout carries exactly one line, `payrail-sandbox listening on
 //! http://HOST:PORT`, once the port is bound (tests and scripts parse it); logs
-//! go to stderr. SIGTERM or SIGINT stops it gracefully with exit status 0.
+//! go to stderr, one JSON object a line when `STAGEDOOR_ENV=production` (as
+//! the service's, and so in the image, which sets it), else text. SIGTERM or
+//! SIGINT stops it gracefully with exit status 0.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -60,14 +62,20 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr so that stdout keeps only the listening line.
+/// Logs to stderr so that stdout keeps only the listening line: JSON in
+/// production, where a log collector reads it beside the service's, text
+/// elsewhere. `RUST_LOG` sets the level (default `info`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if std::env::var("STAGEDOOR_ENV").as_deref() == Ok("production") {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
 }
 
 /// Waits for SIGTERM (how containers are stopped) or SIGINT (Ctrl-C).

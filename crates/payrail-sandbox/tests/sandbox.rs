@@ -527,3 +527,78 @@ async fn the_binary_prints_its_address_charges_and_exits_0_on_sigterm() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn in_production_the_binary_logs_json_lines_to_stderr() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payrail-sandbox"))
+        .args(["--port", "0"])
+        .env_remove("PAYRAIL_API_KEY")
+        .env_remove("PAYRAIL_SANDBOX_HOST")
+        .env("STAGEDOOR_ENV", "production")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let base_url = line
+        .strip_prefix("payrail-sandbox listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_owned();
+    let response = reqwest::Client::new()
+        .post(format!("{base_url}/v1/charges"))
+        .bearer_auth("sk_test_stagedoor")
+        .header("Idempotency-Key", "k1")
+        .json(&charge_body("pm_card_visa"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{:?}", output.status);
+    // stdout: nothing after the listening line, which was read above.
+    assert!(
+        output.stdout.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let events: Vec<Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    for event in &events {
+        assert!(event["level"].is_string(), "{event}");
+        assert!(event["timestamp"].is_string(), "{event}");
+    }
+    let charged = events
+        .iter()
+        .find(|e| e["message"] == "payrail sandbox charge decided")
+        .unwrap_or_else(|| panic!("the charge is logged: {stderr}"));
+    assert_eq!(charged["idempotency_key"], "k1");
+    assert_eq!(charged["outcome"], "succeeded");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["message"] == "payrail-sandbox stopping"),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,6 @@
 //! A PostgreSQL server of the test's own: `initdb` into a directory (trust
 //! auth, UTF8, no locale), started with `pg_ctl` on a free port of
-//! 127.0.0.1 with its unix socket in its own directory, restarted on
+//! 127.0.0.1 (or one the test names) with its unix socket in its own directory, restarted on
 //! request, stopped (and its directory removed, when it made it) on drop.
 //! For what the machine's server cannot give: server settings of the test's
 //! choosing (`pg_stat_statements`, durability), a restart in the middle of
@@ -42,8 +42,19 @@ impl Postgres {
     /// `listen_addresses=127.0.0.1`. `Err` says why it cannot be had here
     /// (no `initdb`, no `postgres` user, ...).
     pub fn start(settings: &[&str]) -> Result<Self, String> {
+        Self::start_own(None, settings)
+    }
+
+    /// [`Self::start`] on exactly `port` of 127.0.0.1, for a test that
+    /// points a client there before any server is up. Nobody else may
+    /// listen on it: there is no other port to fall back on.
+    pub fn start_on(port: u16, settings: &[&str]) -> Result<Self, String> {
+        Self::start_own(Some(port), settings)
+    }
+
+    fn start_own(port: Option<u16>, settings: &[&str]) -> Result<Self, String> {
         let scratch = ScratchDir::new(SCRATCH_PREFIX).map_err(|e| format!("scratch dir: {e}"))?;
-        let mut server = Self::start_in(scratch.path(), settings)?;
+        let mut server = Self::start_at(scratch.path(), port, settings)?;
         server.own = Some(scratch);
         Ok(server)
     }
@@ -52,6 +63,12 @@ impl Postgres {
     /// the caller's. A [`ScratchDir`] of the same prefix sweeps a server
     /// left there by a killed run.
     pub fn start_in(parent: &Path, settings: &[&str]) -> Result<Self, String> {
+        Self::start_at(parent, None, settings)
+    }
+
+    /// `port`: that one, or (`None`) a free one, and another should
+    /// someone take it before the server does.
+    fn start_at(parent: &Path, port: Option<u16>, settings: &[&str]) -> Result<Self, String> {
         let as_postgres = running_as_root();
         let dir = parent.join("pg");
         fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -69,7 +86,7 @@ impl Postgres {
             bin: bindir().ok_or("no initdb found")?,
             data: dir.join("data"),
             dir,
-            port: free_port(),
+            port: port.unwrap_or_else(free_port),
             as_postgres,
             settings: std::iter::once("listen_addresses=127.0.0.1")
                 .chain(settings.iter().copied())
@@ -94,11 +111,14 @@ impl Postgres {
             ],
         )?;
         // The port was free a moment ago; should someone take it meanwhile,
-        // try another.
-        for attempt in 1..=3 {
+        // try another (unless the caller named this one).
+        let attempts = if port.is_some() { 1 } else { 3 };
+        for attempt in 1..=attempts {
             match server.run("pg_ctl", &server.pg_ctl_args("start")) {
                 Ok(()) => break,
-                Err(error) if attempt == 3 => return Err(format!("pg_ctl start: {error}")),
+                Err(error) if attempt == attempts => {
+                    return Err(format!("pg_ctl start on port {}: {error}", server.port))
+                }
                 Err(_) => server.port = free_port(),
             }
         }

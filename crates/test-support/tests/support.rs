@@ -102,6 +102,29 @@ async fn a_throwaway_server_starts_restarts_and_is_gone_on_drop() {
         .is_err());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throwaway_server_takes_the_port_it_is_given_and_no_other() {
+    let port = free_port();
+    let server = tokio::task::spawn_blocking(move || Postgres::start_on(port, &[]))
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb must be installed)");
+    assert_eq!(server.port(), port);
+    assert!(server.url("postgres").contains(&format!(":{port}/")));
+    let client = db::connect(&server.url("postgres")).await;
+    client.query_one("SELECT 1", &[]).await.unwrap();
+    // A second one cannot have it, and says which port it wanted.
+    let taken = tokio::task::spawn_blocking(move || Postgres::start_on(port, &[]))
+        .await
+        .unwrap()
+        .expect_err("the port is taken");
+    assert!(taken.contains(&format!("port {port}")), "{taken}");
+    drop(client);
+    tokio::task::spawn_blocking(move || drop(server))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_process_that_exits_at_start_says_so_with_its_log() {
     let url = format!("http://127.0.0.1:{}", free_port());
