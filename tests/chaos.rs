@@ -113,7 +113,7 @@ fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
     println!("chaos: the first kills: {kills}");
     // Dropped in reverse order, panics included: the runtime (and with it
     // every process it spawned), then PostgreSQL, then the directory.
-    let scratch = cluster::scratch();
+    let mut scratch = cluster::scratch();
     let postgres = Arc::new(cluster::postgres(scratch.path()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -122,6 +122,11 @@ fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
         .expect("tokio runtime");
     let violations = runtime.block_on(run(&profile, postgres.clone(), scratch.path()));
     runtime.shutdown_timeout(Duration::from_secs(10));
+    if !violations.is_empty() {
+        // The instances' and PostgreSQL's logs say why: keep them.
+        scratch.keep(true);
+        println!("chaos: logs kept in {}", scratch.path().display());
+    }
     assert!(
         violations.is_empty(),
         "{} violations with seed {seed} (CHAOS_SEED={seed} replays its faults and kills; \

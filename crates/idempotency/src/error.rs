@@ -28,9 +28,11 @@ impl Error {
 }
 
 /// A closed connection, no SQLSTATE at all (the server went away mid-way), or
-/// one that means "the server is going away or not there yet": class 08
-/// (connection exception), 57P01-57P03 (administrator shutdown, crash,
-/// starting up) and 53300 (too many connections).
+/// one that means "try again in a moment": class 08 (connection exception),
+/// 57P01-57P03 (administrator shutdown, crash, starting up), 53300 (too many
+/// connections), and 40P01 and 40001 (a deadlock or serialization failure
+/// that PostgreSQL resolved by aborting this statement: nothing of it was
+/// made, and the same request succeeds when sent again).
 pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
     error.is_closed()
         || error
@@ -39,7 +41,11 @@ pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
 }
 
 fn is_unavailable_state(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "53300" | "40P01" | "40001"
+        )
 }
 
 #[cfg(test)]
@@ -48,10 +54,12 @@ mod tests {
 
     #[test]
     fn a_server_going_away_is_unavailable_and_a_bad_query_is_not() {
-        for code in ["57P01", "57P02", "57P03", "08006", "08001", "53300"] {
+        for code in [
+            "57P01", "57P02", "57P03", "08006", "08001", "53300", "40P01", "40001",
+        ] {
             assert!(is_unavailable_state(code), "{code}");
         }
-        for code in ["23505", "42P01", "40001", "22P02"] {
+        for code in ["23505", "42P01", "23514", "22P02"] {
             assert!(!is_unavailable_state(code), "{code}");
         }
     }
