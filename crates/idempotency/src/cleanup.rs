@@ -80,11 +80,15 @@ impl Cleanup {
 
 /// Deletes up to `batch` rows older than the TTL, oldest first; returns how
 /// many went. Rows are named by their key (`user_id`, `key`), which a table
-/// distributed by `user_id` can route, not by their physical address. No row
-/// locks are taken before the delete (they would write every row twice). A
-/// row that a request restarts meanwhile (a takeover of an expired key sets
-/// `created_at`) survives because the expiry is part of the delete's own
-/// condition, which PostgreSQL rechecks on the row's latest version.
+/// distributed by `user_id` can route, not by their physical address. The
+/// batch's keys go through arrays (`unnest`) so that the delete finds each
+/// row by the primary key: a plain `(user_id, key) IN (SELECT …)` is planned
+/// (generic plans) as a hash join over every expired row, 4-5 times slower
+/// per batch. No row locks are taken before the delete (they would write
+/// every row twice). A row that a request restarts meanwhile (a takeover of
+/// an expired key sets `created_at`) survives because the expiry is part of
+/// the delete's own condition, which PostgreSQL rechecks on the row's latest
+/// version.
 pub async fn delete_expired(
     client: &impl GenericClient,
     ttl: Duration,
@@ -92,12 +96,16 @@ pub async fn delete_expired(
 ) -> Result<u64, Error> {
     let statement = client
         .prepare_cached(
-            "DELETE FROM idempotency_keys
+            "WITH oldest AS (
+                 SELECT array_agg(user_id) AS users, array_agg(key) AS keys
+                 FROM (SELECT user_id, key FROM idempotency_keys
+                       WHERE created_at < now() - make_interval(secs => $1)
+                       ORDER BY created_at
+                       LIMIT $2) batch
+             )
+             DELETE FROM idempotency_keys
              WHERE (user_id, key) IN (
-                 SELECT user_id, key FROM idempotency_keys
-                 WHERE created_at < now() - make_interval(secs => $1)
-                 ORDER BY created_at
-                 LIMIT $2)
+                     SELECT * FROM unnest((SELECT users FROM oldest), (SELECT keys FROM oldest)))
                AND created_at < now() - make_interval(secs => $1)",
         )
         .await?;
