@@ -92,53 +92,14 @@ elif [ "$#" -ne 0 ]; then
     exit 2
 fi
 
-# No arguments: a service of our own, on a database of our own.
-db="stagedoor_lint_$$"
-log="$(mktemp)"
-pid=""
-cleanup() {
-    local status=$?
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    fi
-    if [ "$status" -ne 0 ] && [ -s "$log" ]; then
-        echo "--- the service's log (last 40 lines)"
-        tail -n 40 "$log"
-    fi
-    psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
-    rm -f "$log"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# Databases of earlier runs that were killed (their process is gone).
-psql -h 127.0.0.1 -U postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'stagedoor_lint_%'" \
-    | while read -r old; do
-        kill -0 "${old#stagedoor_lint_}" 2>/dev/null \
-            || psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$old\" WITH (FORCE)"
-    done
-
+# No arguments: a service of our own, on a database of our own, with the
+# local configuration, as a newcomer's `cargo run` (the database created at
+# start).
+# shellcheck source=scripts/lib/throwaway-service.sh
+. scripts/lib/throwaway-service.sh
 cargo build --locked --bin stagedoor-checkout
-bin="$CARGO_TARGET_DIR/debug/stagedoor-checkout"
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-base="http://127.0.0.1:$port"
-
-# The local configuration, as a newcomer's `cargo run`: the database created at start.
-DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" \
-    STAGEDOOR__SERVER__PORT="$port" \
-    RUST_LOG="${RUST_LOG:-warn}" \
-    "$bin" serve >"$log" 2>&1 &
-pid=$!
-ready_by=$((SECONDS + 60))
-until curl -fsS -o /dev/null --max-time 2 "$base/healthz" 2>/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { echo "the service exited before it answered" >&2; exit 1; }
-    [ "$SECONDS" -lt "$ready_by" ] || { echo "the service did not answer on $base after 60 s" >&2; exit 1; }
-    sleep 0.5
-done
+throwaway_service stagedoor_lint_ "$CARGO_TARGET_DIR/debug/stagedoor-checkout"
 fetch "$base"
-kill -TERM "$pid"
-wait "$pid" || { echo "the service exited with status $? on SIGTERM" >&2; exit 1; }
-pid=""
+stop_throwaway_service
 
 lint "$document"

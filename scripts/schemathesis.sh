@@ -59,51 +59,14 @@ elif [ "$#" -ne 0 ]; then
     exit 2
 fi
 
-# No arguments: a service of our own, on a database of our own.
-db="stagedoor_st_$$"
-log="$(mktemp)"
-pid=""
-cleanup() {
-    local status=$?
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    fi
-    if [ "$status" -ne 0 ] && [ -s "$log" ]; then
-        echo "--- the service's log (last 40 lines)"
-        tail -n 40 "$log"
-    fi
-    psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
-    rm -f "$log"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# Databases of earlier runs that were killed (their process is gone).
-psql -h 127.0.0.1 -U postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'stagedoor_st_%'" \
-    | while read -r old; do
-        kill -0 "${old#stagedoor_st_}" 2>/dev/null \
-            || psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$old\" WITH (FORCE)"
-    done
-
+# No arguments: a service of our own, on a database of our own, with the
+# local configuration: embedded Payrail sandbox, the database created at
+# start, the demo event seeded.
+# shellcheck source=scripts/lib/throwaway-service.sh
+. scripts/lib/throwaway-service.sh
 cargo build --locked --bin stagedoor-checkout
 bin="$CARGO_TARGET_DIR/debug/stagedoor-checkout"
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-base="http://127.0.0.1:$port"
-
-# The local configuration: embedded Payrail sandbox, database created at start.
-DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" \
-    STAGEDOOR__SERVER__PORT="$port" \
-    STAGEDOOR__DEMO__SEED=true \
-    RUST_LOG="${RUST_LOG:-warn}" \
-    "$bin" serve >"$log" 2>&1 &
-pid=$!
-ready_by=$((SECONDS + 60))
-until curl -fsS -o /dev/null --max-time 2 "$base/readyz" 2>/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { echo "the service exited before it was ready" >&2; exit 1; }
-    [ "$SECONDS" -lt "$ready_by" ] || { echo "the service was not ready on $base after 60 s" >&2; exit 1; }
-    sleep 0.5
-done
+throwaway_service stagedoor_st_ "$bin" STAGEDOOR__DEMO__SEED=true
 
 token="$("$bin" token --sub st-buyer)"
 fuzz "$base" "$token"
