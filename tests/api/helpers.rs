@@ -241,6 +241,31 @@ impl TestApp {
         }
     }
 
+    /// A click of alice's paying for `hold`, sent to a process of its own
+    /// while Payrail answers after 3 s: returned once Payrail has charged and
+    /// sits on its answer, the moment a crash of that process loses it. The
+    /// process, the click's key and the request in flight.
+    pub async fn order_charged_on_a_process(
+        &self,
+        hold: i64,
+    ) -> (
+        ServiceProcess,
+        String,
+        tokio::task::JoinHandle<reqwest::Result<Response>>,
+    ) {
+        let process = self.spawn_process().await;
+        self.set_faults(json!({"latency_ms": 3_000})).await;
+        let key = new_key();
+        let in_flight = self.in_flight(
+            &process,
+            "/orders",
+            &key,
+            order_body(&[hold], "pm_card_visa"),
+        );
+        self.until_charged().await;
+        (process, key, in_flight)
+    }
+
     /// Sends `alice`'s keyed `POST path` with `body` to `instance` (another
     /// process) in the background; its answer, if one ever comes.
     pub fn in_flight(

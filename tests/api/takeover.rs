@@ -21,18 +21,8 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
     .await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
-    let mut doomed = app.spawn_process().await;
-    app.set_faults(json!({"latency_ms": 3_000})).await;
-    let key = new_key();
-
-    let in_flight = app.in_flight(
-        &doomed,
-        "/orders",
-        &key,
-        order_body(&[hold], "pm_card_visa"),
-    );
     // Payrail has made the charge and is sitting on its answer: kill -9.
-    app.until_charged().await;
+    let (mut doomed, key, in_flight) = app.order_charged_on_a_process(hold).await;
     doomed.kill().await.expect("killed");
     assert!(
         in_flight.await.unwrap().is_err(),

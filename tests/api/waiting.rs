@@ -203,16 +203,7 @@ async fn a_waiter_whose_holder_is_killed_takes_over_and_charges_once() {
     .await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
-    let mut doomed = app.spawn_process().await;
-    app.set_faults(json!({"latency_ms": 3_000})).await;
-    let key = new_key();
-    let in_flight = app.in_flight(
-        &doomed,
-        "/orders",
-        &key,
-        order_body(&[hold], "pm_card_visa"),
-    );
-    app.until_charged().await;
+    let (mut doomed, key, in_flight) = app.order_charged_on_a_process(hold).await;
     let waiter = order_waiting(&app, &key, hold, 10);
     let kill = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
