@@ -92,7 +92,7 @@ pub async fn create(
             .map_err(|retry_after| Problem::RateLimited { retry_after })?;
         let client = state.pool.get().await?;
         let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.hold_ttl).await?;
-        return Ok(HttpResponse::Created().json(hold));
+        return Ok(idempotency::actix::response_of(&answer(&hold), false));
     };
     let (pool, ttl) = (&state.pool, state.hold_ttl);
     idempotent::run(&state, &buyer.0, key, &req, &bytes, |claim| async move {

@@ -14,6 +14,7 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
+use crate::unit::SET_ANSWER;
 use crate::{Claim, Error, Fence, StoredResponse};
 
 /// Makes an effect and links it to the key, only while the claim holds.
@@ -65,9 +66,7 @@ impl Storing {
         Self(format!(
             "WITH {effect},
              stored AS (
-                 UPDATE idempotency_keys
-                 SET response_status = $4, response_content_type = $5,
-                     response_location = $6, response_body = $7
+                 UPDATE idempotency_keys SET {SET_ANSWER}
                  WHERE user_id = $1 AND key = $2 AND claim_token = $3
                    AND response_status IS NULL AND ({made})
                  RETURNING 1

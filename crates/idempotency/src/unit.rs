@@ -13,6 +13,8 @@
 //! order every other writer of these rows keeps too, so units never deadlock
 //! with each other or with a takeover.
 
+use std::sync::LazyLock;
+
 use deadpool_postgres::{GenericClient, Object, Transaction};
 use tokio_postgres::types::ToSql;
 
@@ -129,18 +131,13 @@ pub async fn store_for_effect(
     effect: &str,
     response: &StoredResponse,
 ) -> Result<bool, Error> {
-    let stored = write_answer(
-        client,
-        "UPDATE idempotency_keys
-         SET response_status = $4, response_content_type = $5,
-             response_location = $6, response_body = $7
-         WHERE user_id = $1 AND key = $2 AND effect = $3 AND response_status IS NULL",
-        user_id,
-        key,
-        &effect,
-        response,
-    )
-    .await?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idempotency_keys SET {SET_ANSWER}
+             WHERE user_id = $1 AND key = $2 AND effect = $3 AND response_status IS NULL"
+        )
+    });
+    let stored = write_answer(client, &SQL, user_id, key, &effect, response).await?;
     Ok(stored == 1)
 }
 
@@ -151,12 +148,15 @@ pub(crate) async fn store_answer(
     claim: &Claim,
     response: &StoredResponse,
 ) -> Result<Fence, Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idempotency_keys SET {SET_ANSWER}
+             WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL"
+        )
+    });
     let stored = write_answer(
         client,
-        "UPDATE idempotency_keys
-         SET response_status = $4, response_content_type = $5,
-             response_location = $6, response_body = $7
-         WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL",
+        &SQL,
         &claim.user_id,
         claim.key.as_str(),
         &claim.token,
@@ -169,6 +169,11 @@ pub(crate) async fn store_answer(
         Fence::Lost
     })
 }
+
+/// How every write of an answer sets the key row's columns: $4 status, $5
+/// content type, $6 location, $7 body (`write_answer` and `Storing` bind them).
+pub(crate) const SET_ANSWER: &str = "response_status = $4, response_content_type = $5, \
+                                     response_location = $6, response_body = $7";
 
 /// Runs one of the two answer writes above; `fence` is what its condition
 /// names besides the key (the claim token, or the effect).
