@@ -57,6 +57,9 @@ pub struct DatabaseSettings {
     /// How long the start keeps trying a database that does not answer yet;
     /// 0 gives up at the first refusal.
     pub connect_timeout_secs: u64,
+    /// Every pooled connection plans with generic plans only
+    /// (`plan_cache_mode = force_generic_plan`); off for Citus (`db::pool`).
+    pub generic_plans: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -319,6 +322,7 @@ mod tests {
         assert_eq!(settings.server.port, 8080);
         assert_eq!(settings.idempotency.lock, LockMode::Table);
         assert_eq!(settings.database.connect_timeout_secs, 60);
+        assert!(settings.database.generic_plans);
     }
 
     #[test]

@@ -160,12 +160,16 @@ pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
     // but PostgreSQL keeps re-planning a statement whose custom plans look
     // cheaper (an array parameter's real length, a CASE on a parameter):
     // the order statement's planning cost more than its execution.
-    let options = [config.get_options(), Some(GENERIC_PLANS)]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" ");
-    config.options(&options);
+    // Citus cannot split a generic plan into its distributed steps, so
+    // there it is a setting (`database.generic_plans`) that is turned off.
+    if settings.generic_plans {
+        let options = [config.get_options(), Some(GENERIC_PLANS)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" ");
+        config.options(&options);
+    }
     let manager = Manager::from_config(
         config,
         NoTls,

@@ -48,10 +48,9 @@ use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::config::Settings;
 use test_support::db::connect;
-use test_support::postgres::Postgres;
 use test_support::{invariants, sandbox, Rng};
 
-use cluster::{SandboxProcess, Services, API_KEY};
+use cluster::{SandboxProcess, Services, Store, API_KEY};
 use load::{buyer_name, Click, Seats, Shop};
 use monkey::{FaultSchedule, KillSchedule, Monkey};
 
@@ -87,7 +86,12 @@ impl Profile {
             secs,
             buyers: number("CHAOS_BUYERS", 24).clamp(1, 512) as usize,
             instances: number("CHAOS_INSTANCES", 3).clamp(1, 8) as usize,
-            db_restarts: number("CHAOS_DB_RESTARTS", 1).min(secs / 5),
+            // A Citus cluster is not the run's to restart.
+            db_restarts: if test_support::citus::enabled() {
+                0
+            } else {
+                number("CHAOS_DB_RESTARTS", 1).min(secs / 5)
+            },
             // More than this machine can sell (about 250 a second), so the
             // buyers never run out; they still collide on a seat now and then.
             seats: (secs * 600).clamp(12_000, 1_000_000) as u32,
@@ -111,16 +115,17 @@ fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
     let [faults, kills] = monkey::preview(seed, PAYRAIL_TIMEOUT_MS, profile.instances, 5);
     println!("chaos: the first faults: {faults}");
     println!("chaos: the first kills: {kills}");
-    // Dropped in reverse order, panics included: the runtime (and with it
-    // every process it spawned), then PostgreSQL, then the directory.
+    // Torn down at the end, panics included: the runtime (and with it every
+    // process it spawned; a panic drops the store first), then the store
+    // (PostgreSQL or the cluster's database), then the directory.
     let mut scratch = cluster::scratch();
-    let postgres = Arc::new(cluster::postgres(scratch.path()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let violations = runtime.block_on(run(&profile, postgres.clone(), scratch.path()));
+    let store = runtime.block_on(Store::new(scratch.path()));
+    let violations = runtime.block_on(run(&profile, &store, scratch.path()));
     runtime.shutdown_timeout(Duration::from_secs(10));
     if !violations.is_empty() {
         // The instances' and PostgreSQL's logs say why: keep them.
@@ -137,15 +142,23 @@ fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
 }
 
 /// The environment of every service process (and of the `seed` command).
-fn service_env(postgres: &Postgres, sandbox: &str, profile: &Profile) -> Vec<(String, String)> {
+fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, String)> {
     let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
     let hold_ttl = (profile.secs + 600).to_string();
     let log = std::env::var("CHAOS_SERVICE_LOG").unwrap_or_else(|_| "warn".to_owned());
     [
         ("STAGEDOOR_ENV", "local"),
         ("STAGEDOOR_CONFIG_DIR", config.as_str()),
-        ("DATABASE_URL", postgres.url("stagedoor").as_str()),
+        ("DATABASE_URL", store.url().as_str()),
         ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "true"),
+        (
+            "STAGEDOOR__DATABASE__GENERIC_PLANS",
+            if test_support::citus::enabled() {
+                "false"
+            } else {
+                "true"
+            },
+        ),
         ("STAGEDOOR__DATABASE__POOL_SIZE", "8"),
         // The chaos load clicks far faster than a person; the limit is not
         // what this run is about.
@@ -196,8 +209,8 @@ fn tokens(buyers: usize, ttl: Duration) -> Vec<String> {
         .collect()
 }
 
-async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<String> {
-    let admin = connect(&postgres.url("postgres")).await;
+async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
+    let admin = connect(&store.admin_url()).await;
     assert_eq!(
         count(
             &admin,
@@ -210,8 +223,10 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
     drop(admin);
 
     let sandbox = SandboxProcess::spawn(scratch).await;
-    let env = service_env(&postgres, &sandbox.url, profile);
+    let env = service_env(store, &sandbox.url, profile);
     let services = Arc::new(Services::new(scratch, profile.instances, env));
+    services.admin(&["migrate"]).await;
+    store.lay_out().await;
     // `seed` makes at most 100,000 seats per event.
     let mut left = profile.seats;
     for event in 1.. {
@@ -232,7 +247,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
             break;
         }
     }
-    let seat_ids: Vec<i64> = connect(&postgres.url("stagedoor"))
+    let seat_ids: Vec<i64> = connect(&store.url())
         .await
         .query("SELECT seat_id FROM seats ORDER BY seat_id", &[])
         .await
@@ -245,12 +260,12 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
         started.expect("every instance starts");
     }
     println!(
-        "chaos: {} s of chaos, {} instances, {} buyers, {} seats; PostgreSQL on port {}, sandbox {}",
+        "chaos: {} s of chaos, {} instances, {} buyers, {} seats; {}, sandbox {}",
         profile.secs,
         profile.instances,
         profile.buyers,
         seat_ids.len(),
-        postgres.port(),
+        store.describe(),
         sandbox.url
     );
 
@@ -264,7 +279,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
     let started = Instant::now();
     let chaos_ends = started + Duration::from_secs(profile.secs);
     let monkey = Arc::new(Monkey::new(started));
-    let controllers = vec![
+    let mut controllers = vec![
         tokio::spawn(monkey.clone().faults(
             sandbox.url.clone(),
             FaultSchedule::new(profile.seed, PAYRAIL_TIMEOUT_MS),
@@ -275,17 +290,19 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
             KillSchedule::new(profile.seed, services.len()),
             chaos_ends,
         )),
-        tokio::spawn(
+    ];
+    if let Some(postgres) = store.restartable() {
+        controllers.push(tokio::spawn(
             monkey.clone().restart_database(
-                postgres.clone(),
+                postgres,
                 (1..=profile.db_restarts)
                     .map(|i| {
                         started + Duration::from_secs(profile.secs * i / (profile.db_restarts + 1))
                     })
                     .collect(),
             ),
-        ),
-    ];
+        ));
+    }
     let buyers: Vec<_> = (0..profile.buyers)
         .map(|i| tokio::spawn(shop.clone().buyer(i, chaos_ends)))
         .collect();
@@ -317,7 +334,7 @@ async fn run(profile: &Profile, postgres: Arc<Postgres>, scratch: &Path) -> Vec<
     ));
     shop.finish(&mut clicks, Instant::now() + FINISH_WITHIN)
         .await;
-    let db = connect(&postgres.url("stagedoor")).await;
+    let db = connect(&store.url()).await;
     let settle_by = Instant::now() + SETTLE_WITHIN;
     let pending_sql = "SELECT count(*) FROM orders WHERE status = 'payment_pending'";
     while count(&db, pending_sql).await > 0 && Instant::now() < settle_by {

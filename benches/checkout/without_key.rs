@@ -81,7 +81,7 @@ pub async fn place(
         .await
         .map_err(|e| e.to_string())?;
     let client = pool.get().await.map_err(|e| e.to_string())?;
-    let settled = orders::record_decision(&client, order_id, &outcome)
+    let settled = orders::record_decision(&client, user_id, order_id, &outcome)
         .await
         .map_err(|e| e.to_string())?
         .ok_or("settled twice")?;

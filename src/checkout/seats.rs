@@ -50,17 +50,18 @@ pub async fn seat_map(
         return Ok(None);
     }
     // The exclusion constraint on holds leaves at most one live or ordered
-    // hold per seat, so the join yields one row per seat.
+    // hold per seat, so the join yields one row per seat. A hold knows
+    // whether its order is paid (`sold`): the seat map reads no order, which
+    // on a distributed database would mean asking every shard.
     let statement = client
         .prepare_cached(
             "SELECT s.seat_id, s.label, s.price_cents,
-                    CASE WHEN o.status = 'paid' THEN 'sold'
+                    CASE WHEN h.sold THEN 'sold'
                          WHEN h.hold_id IS NOT NULL THEN 'held'
                          ELSE 'available' END AS status
              FROM seats s
              LEFT JOIN holds h ON h.seat_id = s.seat_id
                               AND (h.order_id IS NOT NULL OR h.expires_at > now())
-             LEFT JOIN orders o ON o.order_id = h.order_id
              WHERE s.event_id = $1
              ORDER BY s.seat_id",
         )

@@ -220,7 +220,7 @@ impl Document {
                 lease_expires_at: timestamp(report.lease_expires_at),
                 lease_expired: report.lease_expired,
                 effect: match &report.effect {
-                    Some(id) => Some(Effect::of(client, id).await?),
+                    Some(id) => Some(Effect::of(client, click.user.as_str(), id).await?),
                     None => None,
                 },
                 response: report.response.as_ref().map(|response| Response {
@@ -243,9 +243,9 @@ impl Document {
 }
 
 impl Effect {
-    async fn of(client: &impl GenericClient, id: &str) -> anyhow::Result<Self> {
+    async fn of(client: &impl GenericClient, user_id: &str, id: &str) -> anyhow::Result<Self> {
         let order = match Uuid::parse_str(id) {
-            Ok(order_id) => orders::load(client, order_id)
+            Ok(order_id) => orders::load(client, user_id, order_id)
                 .await
                 .with_context(|| format!("loading order {order_id}"))?,
             Err(_) => None,

@@ -2,9 +2,10 @@
 //! timeout): asks Payrail again with the order's own key, which never
 //! charges twice, then settles the order and stores the outcome on its key.
 //!
-//! Several instances share the work: each run claims a batch of due orders
-//! by pushing their next attempt into the future (`FOR UPDATE SKIP LOCKED`),
-//! commits, and only then calls Payrail, holding no connection meanwhile.
+//! Several instances share the work: each run claims due orders by pushing
+//! their next attempt into the future, one conditional update per order
+//! that only one run can win, and only then calls Payrail, holding no
+//! connection meanwhile.
 //! An order whose charge keeps failing is retried with a growing delay.
 
 use std::time::Duration;
@@ -98,7 +99,7 @@ impl Reconcile {
         };
         observe::orders_pending(pending);
         let results: Vec<bool> = futures_util::stream::iter(due)
-            .map(|(order_id, attempts)| self.settle_one(order_id, attempts))
+            .map(|(user_id, order_id, attempts)| self.settle_one(user_id, order_id, attempts))
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
@@ -123,40 +124,54 @@ impl Reconcile {
     /// Claims due orders: each is hidden from other runs until its next
     /// attempt time, which doubles with every attempt.
     /// Also counts the orders still pending, for the `orders_pending` gauge.
-    async fn claim_due(&self) -> Result<(Vec<(Uuid, i32)>, i64), CheckoutError> {
+    ///
+    /// Due orders are found by a plain read, then claimed one by one, each
+    /// by an update of that order alone (by its key, so on one shard of a
+    /// distributed database) that only succeeds if nobody has claimed it
+    /// since it was read: of several instances that read the same order,
+    /// one claims it, the others skip it. A lock on the whole batch (`FOR
+    /// UPDATE SKIP LOCKED`) is something a distributed database cannot
+    /// take across its shards.
+    async fn claim_due(&self) -> Result<(Vec<(String, Uuid, i32)>, i64), CheckoutError> {
         let client = self.pool.get().await?;
-        let statement = client
+        let due = client
             .prepare_cached(
-                "UPDATE orders
-                 SET reconcile_attempts = reconcile_attempts + 1,
-                     reconcile_after = now() + make_interval(
-                         secs => least($3, $2 * power(2::float8, least(reconcile_attempts, 20))))
-                 WHERE order_id IN (
-                     SELECT order_id FROM orders
-                     WHERE status = 'payment_pending'
-                       AND created_at <= now() - make_interval(secs => $1)
-                       AND reconcile_after <= now()
-                     ORDER BY reconcile_after
-                     LIMIT $4
-                     FOR UPDATE SKIP LOCKED)
-                 RETURNING order_id, reconcile_attempts",
+                "SELECT user_id, order_id, reconcile_attempts FROM orders
+                 WHERE status = 'payment_pending'
+                   AND created_at <= now() - make_interval(secs => $1)
+                   AND reconcile_after <= now()
+                 ORDER BY reconcile_after
+                 LIMIT $2",
             )
             .await?;
         let rows = client
-            .query(
-                &statement,
-                &[
-                    &self.grace.as_secs_f64(),
-                    &self.base_delay.as_secs_f64(),
-                    &MAX_DELAY_SECS,
-                    &BATCH,
-                ],
+            .query(&due, &[&self.grace.as_secs_f64(), &BATCH])
+            .await?;
+        // The delay is worked out here, not in the statement: a distributed
+        // database evaluates `now()` once, before it routes an update, and
+        // cannot do that for an expression that reads the row.
+        let claim = client
+            .prepare_cached(
+                "UPDATE orders
+                 SET reconcile_attempts = reconcile_attempts + 1,
+                     reconcile_after = now() + make_interval(secs => $4)
+                 WHERE user_id = $1 AND order_id = $2 AND reconcile_attempts = $3
+                   AND status = 'payment_pending'",
             )
             .await?;
-        let due = rows
-            .iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect::<Result<_, CheckoutError>>()?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (user_id, order_id, attempts): (String, Uuid, i32) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            let delay = self.delay(attempts);
+            if client
+                .execute(&claim, &[&user_id, &order_id, &attempts, &delay])
+                .await?
+                == 1
+            {
+                claimed.push((user_id, order_id, attempts + 1));
+            }
+        }
         let pending: i64 = client
             .query_one(
                 "SELECT count(*) FROM orders WHERE status = 'payment_pending'",
@@ -164,11 +179,18 @@ impl Reconcile {
             )
             .await?
             .try_get(0)?;
-        Ok((due, pending))
+        Ok((claimed, pending))
     }
 
-    async fn settle_one(&self, order_id: Uuid, attempts: i32) -> bool {
-        match self.try_settle(order_id).await {
+    /// Seconds until the next attempt after `attempts` earlier ones: the
+    /// interval, doubled with every attempt, at most an hour.
+    fn delay(&self, attempts: i32) -> f64 {
+        let doublings = attempts.clamp(0, 20);
+        (self.base_delay.as_secs_f64() * 2f64.powi(doublings)).min(MAX_DELAY_SECS)
+    }
+
+    async fn settle_one(&self, user_id: String, order_id: Uuid, attempts: i32) -> bool {
+        match self.try_settle(&user_id, order_id).await {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(%order_id, attempts, %error, "pending order still unsettled");
@@ -177,11 +199,13 @@ impl Reconcile {
         }
     }
 
-    async fn try_settle(&self, order_id: Uuid) -> Result<(), CheckoutError> {
-        let Some((_, outcome)) = self.orders.charge_again(order_id).await? else {
+    async fn try_settle(&self, user_id: &str, order_id: Uuid) -> Result<(), CheckoutError> {
+        let Some((_, outcome)) = self.orders.charge_again(user_id, order_id).await? else {
             return Ok(());
         };
-        self.orders.settle_unclaimed(order_id, &outcome).await?;
+        self.orders
+            .settle_unclaimed(user_id, order_id, &outcome)
+            .await?;
         tracing::info!(%order_id, ?outcome, "settled a pending order");
         Ok(())
     }

@@ -2,9 +2,14 @@
 //! causes the failure, then checks the outcome the buyer sees and the
 //! invariants.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use stagedoor_checkout::checkout::orders::Orders;
+use stagedoor_checkout::jobs::reconcile::Reconcile;
+use stagedoor_checkout::{db, http, payrail};
+use tokio::sync::Barrier;
 
 use crate::helpers::{new_key, spawn_app_with, Seen, TestApp};
 use crate::invariants::assert_invariants;
@@ -192,5 +197,74 @@ async fn a_charge_that_keeps_failing_stays_pending_and_is_retried_with_growing_d
         "the next attempt is scheduled ahead: {next_in}"
     );
     assert!(app.charges().await.is_empty());
+    assert_invariants(&app).await;
+}
+
+/// Several instances reconciling at the same moment: each reads the same
+/// due orders, and each order is claimed by exactly one of them (one
+/// attempt recorded, one settlement counted), charged once.
+#[tokio::test]
+async fn instances_reconciling_at_once_settle_each_pending_order_once() {
+    const ORDERS: usize = 12;
+    const INSTANCES: usize = 4;
+    let app = spawn_app_with(|s| {
+        s.reconcile.grace_secs = 0;
+        s.payrail.max_attempts = 1;
+    })
+    .await;
+    let seats = app.seed("race", ORDERS as u32, 2500).await;
+    // Payrail fails every new charge while the orders are placed: each is
+    // left payment_pending, its click answered 503.
+    app.set_faults(json!({"error_rate": 1.0})).await;
+    for (i, seat) in seats.iter().enumerate() {
+        let buyer = format!("buyer{i}");
+        let hold = app.hold(&buyer, *seat).await;
+        let failed = Seen::of(
+            app.post_order(&buyer, &new_key(), &[hold], "pm_card_visa")
+                .await,
+        )
+        .await;
+        assert_eq!(failed.problem(), "payment-unavailable");
+    }
+    app.set_faults(json!({})).await;
+
+    let barrier = Arc::new(Barrier::new(INSTANCES));
+    let runs = (0..INSTANCES).map(|_| {
+        let (settings, barrier) = (app.settings.clone(), barrier.clone());
+        tokio::spawn(async move {
+            let pool = db::pool(&settings.database).unwrap();
+            let payrail =
+                payrail::Client::new(&settings.payrail, &settings.payrail.base_url).unwrap();
+            let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
+            let reconcile = Reconcile::new(pool, orders, &settings.reconcile);
+            barrier.wait().await;
+            reconcile.run().await.unwrap()
+        })
+    });
+    let mut settled = 0;
+    for run in futures_util::future::join_all(runs).await {
+        let report = run.unwrap();
+        assert_eq!(report.failed, 0);
+        settled += report.settled;
+    }
+    assert_eq!(
+        settled, ORDERS,
+        "every order settled by exactly one instance"
+    );
+
+    let rows = app
+        .db
+        .client()
+        .await
+        .query("SELECT status, reconcile_attempts FROM orders", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), ORDERS);
+    for row in rows {
+        let (status, attempts): (String, i32) = (row.get(0), row.get(1));
+        assert_eq!((status.as_str(), attempts), ("paid", 1));
+    }
+    let charges = app.charges().await;
+    assert_eq!(charges.len(), ORDERS, "one charge per order: {charges:?}");
     assert_invariants(&app).await;
 }

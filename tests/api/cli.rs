@@ -6,7 +6,8 @@ use std::process::Output;
 
 use crate::helpers::{spawn_app, Seen, TestApp};
 
-async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
+/// The binary with `args`, on `app`'s database and configuration.
+pub async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
         .args(args)
         .env(
@@ -15,6 +16,10 @@ async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
         )
         .env("STAGEDOOR_ENV", "local")
         .env("DATABASE_URL", &app.db.url)
+        .env(
+            "STAGEDOOR__DATABASE__GENERIC_PLANS",
+            app.settings.database.generic_plans.to_string(),
+        )
         .envs(env.iter().copied())
         .output()
         .await

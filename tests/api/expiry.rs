@@ -121,17 +121,7 @@ async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
 async fn the_cleanup_command_prints_how_many_rows_went() {
     let app = spawn_app().await;
     insert_keys(&app, 42, "3 days").await;
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
-        .arg("cleanup")
-        .env(
-            "STAGEDOOR_CONFIG_DIR",
-            format!("{}/config", env!("CARGO_MANIFEST_DIR")),
-        )
-        .env("STAGEDOOR_ENV", "local")
-        .env("DATABASE_URL", &app.db.url)
-        .output()
-        .await
-        .unwrap();
+    let output = crate::cli::run(&app, &["cleanup"], &[]).await;
     assert!(
         output.status.success(),
         "{}",

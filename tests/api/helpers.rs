@@ -31,6 +31,7 @@ pub fn pool(url: &str) -> deadpool_postgres::Pool {
         create_if_missing: false,
         pool_timeout_ms: 5_000,
         connect_timeout_secs: 0,
+        generic_plans: !test_support::citus::enabled(),
     })
     .expect("a pool")
 }
@@ -61,6 +62,8 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     settings.payrail.timeout_ms = 1_000;
     settings.payrail.breaker_failures = 1_000;
     settings.demo.seed = false;
+    // Citus cannot plan its distributed steps from a generic plan.
+    settings.database.generic_plans = !test_support::citus::enabled();
     // The idempotency suites run in both lock modes (table, Redis gate).
     if std::env::var("STAGEDOOR_TEST_LOCK").as_deref() == Ok("redis") {
         settings.idempotency.lock = LockMode::Redis;
@@ -88,6 +91,13 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
     let sandbox = Arc::new(Sandbox::start(listener, API_KEY.to_owned()).expect("sandbox"));
     let mut settings = test_settings(&db, &sandbox);
     configure(&mut settings);
+    if test_support::citus::enabled() {
+        // Distributed once the tables exist, before anything uses them.
+        stagedoor_checkout::db::migrate(&settings.database)
+            .await
+            .expect("migrations");
+        test_support::citus::distribute(&db.client().await).await;
+    }
     TestApp::start(db, sandbox, settings).await
 }
 
@@ -372,6 +382,10 @@ impl TestApp {
             ),
             ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false".into()),
             ("STAGEDOOR__DATABASE__POOL_SIZE", "4".into()),
+            (
+                "STAGEDOOR__DATABASE__GENERIC_PLANS",
+                s.database.generic_plans.to_string(),
+            ),
             (
                 "STAGEDOOR__LIMITS__NEW_KEYS_PER_SEC",
                 s.limits.new_keys_per_sec.to_string(),

@@ -1,6 +1,7 @@
 //! Migrations keep what is stored: key rows written under the first layout
 //! of `idempotency_keys` give the same answers after every rebuild since
-//! (V2, compact; V3, the engine's), and the table the service's migrations
+//! (V2, compact; V3, the engine's) and after V4 made the schema
+//! distributable (which also marks sold holds), and the table the service's migrations
 //! leave is exactly the one the engine makes on its own.
 
 use std::time::Duration;
@@ -51,9 +52,26 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
         .await
         .unwrap();
 
+    // Two held seats, one of them in the paid order.
+    client
+        .execute(
+            "WITH e AS (INSERT INTO events (event_id) VALUES ('v1') RETURNING event_id),
+                  s AS (INSERT INTO seats (event_id, label, price_cents)
+                        SELECT event_id, label, 4500 FROM e, unnest('{A1,A2}'::text[]) AS label
+                        RETURNING seat_id, label)
+             INSERT INTO holds (seat_id, user_id, expires_at, order_id)
+             SELECT seat_id, 'alice', now() + interval '10 minutes',
+                    CASE label WHEN 'A1' THEN $1::uuid END
+             FROM s",
+            &[&paid],
+        )
+        .await
+        .unwrap();
+
     for migration in [
         include_str!("../../migrations/V2__compact_idempotency_keys.sql"),
         include_str!("../../migrations/V3__idempotency_engine.sql"),
+        include_str!("../../migrations/V4__distributable.sql"),
     ] {
         client.batch_execute(migration).await.unwrap();
     }
@@ -106,6 +124,28 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
         .unwrap()
         .get(0);
     assert_eq!(links, 1, "the order a key made is still its effect");
+
+    // V4: orders keyed by buyer first; a paid order's holds are sold.
+    let key: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'orders_pkey'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(key, "PRIMARY KEY (user_id, order_id)");
+    let sold: Vec<(String, bool)> = client
+        .query(
+            "SELECT s.label, h.sold FROM holds h JOIN seats s USING (seat_id) ORDER BY s.label",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(sold, [("A1".to_owned(), true), ("A2".to_owned(), false)]);
 }
 
 #[tokio::test]

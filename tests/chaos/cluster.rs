@@ -1,5 +1,6 @@
 //! What the chaos run owns and tears down: a scratch directory, a throwaway
-//! PostgreSQL server in it, one `payrail-sandbox` process and the
+//! PostgreSQL server in it (or a database of a Citus cluster), one
+//! `payrail-sandbox` process and the
 //! `stagedoor-checkout serve` processes (all of `test_support`). Every piece
 //! stops (and the directory goes) when it is dropped, so a failing run
 //! cleans up as well as a passing one; a run that was killed is cleaned up
@@ -8,8 +9,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use test_support::db::TestDatabase;
 use test_support::postgres::Postgres;
 use test_support::process::{free_port, Service, ServiceProcess, SpawnError};
 use test_support::scratch::ScratchDir;
@@ -25,10 +28,67 @@ pub fn scratch() -> ScratchDir {
     scratch
 }
 
+/// Where the run keeps its rows: a throwaway PostgreSQL of its own, which
+/// the run restarts; or on the Citus profile (`STAGEDOOR_TEST_CITUS=1`) a
+/// database of the cluster `DATABASE_URL` names, which is not the run's to
+/// restart.
+pub enum Store {
+    Own(Arc<Postgres>),
+    Citus(Arc<TestDatabase>),
+}
+
+impl Store {
+    pub async fn new(scratch: &Path) -> Self {
+        if test_support::citus::enabled() {
+            Store::Citus(TestDatabase::create().await)
+        } else {
+            Store::Own(Arc::new(postgres(scratch)))
+        }
+    }
+
+    /// The service's database.
+    pub fn url(&self) -> String {
+        match self {
+            Store::Own(postgres) => postgres.url("stagedoor"),
+            Store::Citus(db) => db.url.clone(),
+        }
+    }
+
+    /// A database that exists before the run makes its own.
+    pub fn admin_url(&self) -> String {
+        match self {
+            Store::Own(postgres) => postgres.url("postgres"),
+            Store::Citus(db) => db.url.clone(),
+        }
+    }
+
+    /// The server to restart, when the run may.
+    pub fn restartable(&self) -> Option<Arc<Postgres>> {
+        match self {
+            Store::Own(postgres) => Some(postgres.clone()),
+            Store::Citus(_) => None,
+        }
+    }
+
+    /// Gives the migrated tables their layout (on Citus: distributed).
+    pub async fn lay_out(&self) {
+        if let Store::Citus(db) = self {
+            test_support::citus::distribute(&db.client().await).await;
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Own(postgres) => format!("PostgreSQL on port {}", postgres.port()),
+            Store::Citus(db) => format!("Citus database {} (DATABASE_URL's cluster)", db.name),
+        }
+    }
+}
+
 /// The throwaway PostgreSQL of the run. Durability is not under test (the
 /// server is stopped cleanly or thrown away), so it skips the fsyncs the
 /// two cores would pay for.
-pub fn postgres(scratch: &Path) -> Postgres {
+fn postgres(scratch: &Path) -> Postgres {
     Postgres::start_in(
         scratch,
         &[

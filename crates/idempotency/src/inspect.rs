@@ -120,7 +120,8 @@ pub async fn inspect(
 /// ```
 /// const ORDER_SETTLING: idempotency::Settling = idempotency::Settling::when(
 ///     "EXISTS (SELECT 1 FROM orders o
-///              WHERE o.order_id = k.effect::uuid AND o.status = 'payment_pending')",
+///              WHERE o.user_id = k.user_id AND o.order_id = k.effect::uuid
+///                AND o.status = 'payment_pending')",
 /// );
 /// ```
 ///
@@ -169,12 +170,12 @@ pub enum Purge {
 /// Deletes the key of `user_id` if it is answered or expired and the effect
 /// it links is not `settling`; else says why not.
 ///
-/// One transaction. It first locks the key row, so that no request can
-/// change it meanwhile (link an effect, take it over, store an answer),
-/// and so that the `DELETE` that follows starts after any such change has
-/// committed and sees the effect's current state. The `DELETE` then
-/// decides, re-checking every condition in the database. When it deletes
-/// nothing, a read of the still-locked row says why.
+/// One transaction. It first locks the key row and reads it, so that no
+/// request can change it meanwhile (link an effect, take it over, store an
+/// answer), and so that the `DELETE` that follows starts after any such
+/// change has committed and sees the effect's current state. The `DELETE`
+/// then decides, re-checking every condition in the database; when it
+/// deletes nothing, a read of the still-locked row says why.
 pub async fn purge(
     client: &mut impl GenericClient,
     policy: Policy,
@@ -185,42 +186,44 @@ pub async fn purge(
     let tx = client.transaction().await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&user_id, &key.as_str(), &ttl_secs(policy)];
-    let locked = tx
-        .query_opt(
-            "SELECT 1 FROM idempotency_keys WHERE user_id = $1 AND key = $2 FOR UPDATE",
-            &params[..2],
-        )
-        .await?;
-    if locked.is_none() {
+    let guard = settling.of_key();
+    let locked = format!(
+        "SELECT {REPORT} FROM idempotency_keys AS k
+         WHERE k.user_id = $1 AND k.key = $2
+         FOR UPDATE"
+    );
+    let Some(row) = tx.query_opt(&locked, &params).await? else {
         tx.rollback().await?;
         return Ok(Purge::Absent);
-    }
-    let guard = settling.of_key();
+    };
+    // The report was read under the lock, in this transaction (one `now()`):
+    // it is what the row holds when the `DELETE` decides. The `DELETE` does
+    // not return it: a distributed database refuses a `RETURNING` that reads
+    // the clock.
+    let report = KeyReport::from_row(&row)?;
     let delete = format!(
         "DELETE FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2
            AND (k.response_status IS NOT NULL
                 OR k.created_at <= now() - make_interval(secs => $3))
-           AND NOT {guard}
-         RETURNING {REPORT}"
+           AND NOT {guard}"
     );
-    if let Some(row) = tx.query_opt(&delete, &params).await? {
-        let report = KeyReport::from_row(&row)?;
+    if tx.execute(&delete, &params).await? == 1 {
         tx.commit().await?;
         return Ok(Purge::Purged(report));
     }
     let why = format!(
-        "SELECT {REPORT}, {guard} AS settling FROM idempotency_keys AS k
+        "SELECT {guard} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2"
     );
-    let row = tx.query_one(&why, &params).await?;
+    let settling: bool = tx.query_one(&why, &params[..2]).await?.try_get(0)?;
     tx.rollback().await?;
-    let refusal = if row.try_get("settling")? {
+    let refusal = if settling {
         Refusal::Settling
     } else {
         Refusal::InProgress
     };
-    Ok(Purge::Refused(refusal, KeyReport::from_row(&row)?))
+    Ok(Purge::Refused(refusal, report))
 }
 
 /// The key table's numbers, from one statement (one snapshot).

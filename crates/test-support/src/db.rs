@@ -64,7 +64,8 @@ fn database_url(maintenance: &str, name: &str) -> String {
     format!("postgres://{user}{password}@{host}:{port}/{name}")
 }
 
-/// A database of the test's own, `stagedoor_test_<uuid>`, dropped when the
+/// A database of the test's own, `stagedoor_test_<uuid>` (on the Citus
+/// profile, on every node of the cluster: [`crate::citus`]), dropped when the
 /// last `Arc` of it goes (tests that share it, a second instance, hold
 /// clones).
 #[derive(Debug)]
@@ -94,6 +95,9 @@ impl TestDatabase {
             .await
             .expect("create test database");
         let url = database_url(maintenance, &name);
+        if crate::citus::enabled() {
+            crate::citus::join(&client, maintenance, &name, &url).await;
+        }
         Arc::new(Self {
             name,
             url,
@@ -133,6 +137,9 @@ impl Drop for TestDatabase {
                     let _ = client
                         .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                         .await;
+                    if crate::citus::enabled() {
+                        crate::citus::leave(&client, &maintenance, &name).await;
+                    }
                 }
             });
         })

@@ -202,8 +202,9 @@ pub mod sql {
     }
 
     /// Holds named by an order that the order does not own though it should
-    /// (paid or pending), or owns though it should not (declined): (order,
-    /// its status, the hold, the hold's order).
+    /// (paid or pending), or owns though it should not (declined), or owns
+    /// as sold though it is not paid, or the other way round:
+    /// (order, its status, the hold, the hold's order).
     pub async fn holds_not_owned_as_they_should(
         db: &tokio_postgres::Client,
     ) -> Vec<(String, String, Option<i64>, Option<String>)> {
@@ -211,7 +212,8 @@ pub mod sql {
                    FROM orders o CROSS JOIN LATERAL unnest(o.hold_ids) AS named (hold_id)
                    LEFT JOIN holds h ON h.hold_id = named.hold_id
                    WHERE (o.status <> 'declined' AND h.order_id IS DISTINCT FROM o.order_id)
-                      OR (o.status = 'declined' AND h.order_id = o.order_id)";
+                      OR (o.status = 'declined' AND h.order_id = o.order_id)
+                      OR (h.order_id = o.order_id AND h.sold <> (o.status = 'paid'))";
         rows(db, sql, |row| {
             (row.get(0), row.get(1), row.get(2), row.get(3))
         })
@@ -243,7 +245,8 @@ pub mod sql {
                           o.order_id::text, o.status,
                           coalesce(k.response_location, '/orders/' || o.order_id::text)
                               = '/orders/' || o.order_id::text
-                   FROM idempotency_keys k JOIN orders o ON o.order_id::text = k.effect
+                   FROM idempotency_keys k
+                   JOIN orders o ON o.user_id = k.user_id AND o.order_id::text = k.effect
                    WHERE k.response_status IS NOT NULL";
         rows(db, sql, |row| StoredAnswerRow {
             user: row.get(0),

@@ -8,6 +8,7 @@
 //! | [`postgres`] | a throwaway PostgreSQL server of the test's own (initdb, pg_ctl), stopped and removed on drop |
 //! | [`scratch`] | a temp directory of the run's own, and the sweep of those a killed run left behind |
 //! | [`db`] | a database per test on the machine's server (`DATABASE_URL`), a plain connection, a pool |
+//! | [`citus`] | the Citus profile (`STAGEDOOR_TEST_CITUS=1`): every test database a database of the cluster, and the tables' layout there |
 //! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped |
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
@@ -17,6 +18,7 @@
 //! It does not depend on the `stagedoor-checkout` library: everything here
 //! speaks to PostgreSQL, to processes and over HTTP, as a client would.
 
+pub mod citus;
 pub mod db;
 pub mod invariants;
 pub mod postgres;

@@ -33,7 +33,8 @@ pub use status::{OrderStatus, PaymentMethod};
 /// order and a second charge. Every effect this service links is an order id.
 pub const SETTLING: idempotency::Settling = idempotency::Settling::when(
     "EXISTS (SELECT 1 FROM orders o
-             WHERE o.order_id = k.effect::uuid AND o.status = 'payment_pending')",
+             WHERE o.user_id = k.user_id AND o.order_id = k.effect::uuid
+               AND o.status = 'payment_pending')",
 );
 
 /// Every order is charged in this currency.
@@ -160,19 +161,24 @@ impl Orders {
     /// A buyer's own order; another buyer's is as good as absent.
     pub async fn find(&self, buyer: &str, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
         let client = self.pool.get().await?;
-        Ok(load(&client, order_id)
-            .await?
-            .filter(|order| order.user_id == buyer))
+        Ok(load(&client, buyer, order_id).await?)
     }
 }
 
-/// An order by id, whoever owns it.
-pub async fn load(client: &impl GenericClient, order_id: Uuid) -> Result<Option<Order>, DbError> {
+/// A buyer's order by id. The buyer comes first in the orders' key: the
+/// order is then found on the buyer's own shard (docs/PERFORMANCE.md).
+pub async fn load(
+    client: &impl GenericClient,
+    user_id: &str,
+    order_id: Uuid,
+) -> Result<Option<Order>, DbError> {
     let statement = client
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM orders WHERE user_id = $1 AND order_id = $2"
+        ))
         .await?;
     client
-        .query_opt(&statement, &[&order_id])
+        .query_opt(&statement, &[&user_id, &order_id])
         .await?
         .map(|row| Order::from_row(&row))
         .transpose()

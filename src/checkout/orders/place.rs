@@ -19,7 +19,7 @@ impl Orders {
     #[tracing::instrument(skip_all, fields(user_id = %claim.user_id, key = %claim.key))]
     pub async fn place(&self, claim: &Claim, request: &NewOrder) -> Result<Done, CheckoutError> {
         let order = match &claim.effect {
-            Some(effect) => self.resume(effect).await?,
+            Some(effect) => self.resume(&claim.user_id, effect).await?,
             None => {
                 // Fail before writing anything while Payrail is known to be
                 // down: the key is then released and a retry starts afresh.
@@ -39,14 +39,16 @@ impl Orders {
     }
 
     /// The order a takeover inherits.
-    async fn resume(&self, effect: &str) -> Result<Order, CheckoutError> {
+    async fn resume(&self, user_id: &str, effect: &str) -> Result<Order, CheckoutError> {
         let order_id = Uuid::parse_str(effect).map_err(|_| {
             CheckoutError::Inconsistent(format!("a claimed key links {effect:?}, not an order"))
         })?;
         let client = self.pool.get().await?;
-        super::load(&client, order_id).await?.ok_or_else(|| {
-            CheckoutError::Inconsistent(format!("order {order_id} of a claimed key is missing"))
-        })
+        super::load(&client, user_id, order_id)
+            .await?
+            .ok_or_else(|| {
+                CheckoutError::Inconsistent(format!("order {order_id} of a claimed key is missing"))
+            })
     }
 
     /// Makes the order in one statement that also links it to the claimed

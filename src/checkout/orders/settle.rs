@@ -1,5 +1,5 @@
 //! Payrail's decision, recorded: the order moves to `paid` or `declined`
-//! (a declined order gives its holds back) and its answer is stored on the
+//! (a paid order's holds are sold, a declined order gives them back) and its answer is stored on the
 //! key that made it, in one statement for the claim's own request, in one
 //! transaction for reconciliation. The order row is locked first and the key
 //! row last, as every writer of both does, so none of them deadlock.
@@ -33,11 +33,13 @@ pub(super) async fn claimed(
         Storing::new(
             "settled AS (
                  UPDATE orders SET status = $9, charge_id = $10, updated_at = now()
-                 WHERE order_id = $8 AND status = 'payment_pending'
+                 WHERE user_id = $1 AND order_id = $8 AND status = 'payment_pending'
                  RETURNING 1
-             ), released AS (
-                 UPDATE holds SET order_id = NULL
-                 WHERE order_id = $8 AND $9 = 'declined' AND EXISTS (SELECT 1 FROM settled)
+             ), holds_settled AS (
+                 UPDATE holds
+                 SET order_id = CASE WHEN $9 = 'declined' THEN NULL ELSE order_id END,
+                     sold = $9 = 'paid'
+                 WHERE order_id = $8 AND EXISTS (SELECT 1 FROM settled)
              )",
             "EXISTS (SELECT 1 FROM settled)",
             "EXISTS (SELECT 1 FROM settled) AS settled",
@@ -57,9 +59,14 @@ pub(super) async fn claimed(
         )
         .await?;
     if !row.try_get::<_, bool>("settled")? {
-        let settled = load(&client, order.order_id).await?.ok_or_else(|| {
-            CheckoutError::Inconsistent(format!("order {} vanished while settling", order.order_id))
-        })?;
+        let settled = load(&client, &claim.user_id, order.order_id)
+            .await?
+            .ok_or_else(|| {
+                CheckoutError::Inconsistent(format!(
+                    "order {} vanished while settling",
+                    order.order_id
+                ))
+            })?;
         return Ok(Done::Answer((orders.answer)(&settled)));
     }
     Ok(match fence {
@@ -74,15 +81,16 @@ impl Orders {
     /// intent and has no answer yet.
     pub async fn settle_unclaimed(
         &self,
+        user_id: &str,
         order_id: Uuid,
         outcome: &ChargeOutcome,
     ) -> Result<(), CheckoutError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let order = match record_decision(&tx, order_id, outcome).await? {
+        let order = match record_decision(&tx, user_id, order_id, outcome).await? {
             Some(order) => order,
             // Someone else settled it first, with the same answer from Payrail.
-            None => load(&tx, order_id).await?.ok_or_else(|| {
+            None => load(&tx, user_id, order_id).await?.ok_or_else(|| {
                 CheckoutError::Inconsistent(format!("order {order_id} vanished while settling"))
             })?,
         };
@@ -103,11 +111,12 @@ impl Orders {
     /// `None` when the order is no longer pending.
     pub async fn charge_again(
         &self,
+        user_id: &str,
         order_id: Uuid,
     ) -> Result<Option<(Order, ChargeOutcome)>, CheckoutError> {
         let order = {
             let client = self.pool.get().await?;
-            load(&client, order_id).await?
+            load(&client, user_id, order_id).await?
         };
         let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {
             return Ok(None);
@@ -123,11 +132,12 @@ impl Orders {
 /// transaction when there is a key to answer.
 pub async fn record_decision(
     client: &impl GenericClient,
+    user_id: &str,
     order_id: Uuid,
     outcome: &ChargeOutcome,
 ) -> Result<Option<Order>, crate::db::DbError> {
     let (status, charge_id) = decision(outcome);
-    settle(client, order_id, status, charge_id).await
+    settle(client, user_id, order_id, status, charge_id).await
 }
 
 /// The order status and charge id that Payrail's decision means.
@@ -142,6 +152,7 @@ fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
 /// returns it; `None` when it was settled already.
 async fn settle(
     client: &impl GenericClient,
+    user_id: &str,
     order_id: Uuid,
     status: OrderStatus,
     charge_id: Option<&String>,
@@ -149,18 +160,20 @@ async fn settle(
     let statement = client
         .prepare_cached(&format!(
             "WITH settled AS (
-                 UPDATE orders SET status = $2, charge_id = $3, updated_at = now()
-                 WHERE order_id = $1 AND status = 'payment_pending'
+                 UPDATE orders SET status = $3, charge_id = $4, updated_at = now()
+                 WHERE user_id = $1 AND order_id = $2 AND status = 'payment_pending'
                  RETURNING {COLUMNS}
-             ), released AS (
-                 UPDATE holds SET order_id = NULL
-                 WHERE order_id = $1 AND $2 = 'declined' AND EXISTS (SELECT 1 FROM settled)
+             ), holds_settled AS (
+                 UPDATE holds
+                 SET order_id = CASE WHEN $3 = 'declined' THEN NULL ELSE order_id END,
+                     sold = $3 = 'paid'
+                 WHERE order_id = $2 AND EXISTS (SELECT 1 FROM settled)
              )
              SELECT {COLUMNS} FROM settled"
         ))
         .await?;
     client
-        .query_opt(&statement, &[&order_id, &status, &charge_id])
+        .query_opt(&statement, &[&user_id, &order_id, &status, &charge_id])
         .await?
         .map(|row| Order::from_row(&row))
         .transpose()

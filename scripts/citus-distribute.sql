@@ -1,0 +1,25 @@
+-- The checkout's layout on a Citus cluster, applied after the migrations
+-- (scripts/citus.sh; the Citus test profile). Running it again changes
+-- nothing.
+--
+-- A click's rows are the buyer's: `orders` and `idempotency_keys` are
+-- distributed by `user_id`, co-located, so the claim, the order, the
+-- settlement and the answer of one click are on one shard of one worker.
+--
+-- The seat side (events, seats, holds) stays in plain tables on the
+-- coordinator. A seat is contended by every buyer, so it cannot live on a
+-- buyer's shard; as a reference table, every write of a hold or an order
+-- takes a lock on the whole table on every node (another buyer waited 3.1 s
+-- behind one open order); distributed by seat, the order statement and the
+-- seat map can no longer be planned (docs/PERFORMANCE.md, "Past one
+-- PostgreSQL").
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'orders'::regclass) THEN
+        PERFORM create_distributed_table('orders', 'user_id');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_keys'::regclass) THEN
+        PERFORM create_distributed_table('idempotency_keys', 'user_id', colocate_with => 'orders');
+    END IF;
+END
+$$;
