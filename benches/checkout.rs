@@ -1,4 +1,4 @@
-//! `cargo bench --bench checkout [-- --quick] [scenario ...]`
+//! `cargo bench --bench checkout [-- --quick] [--citus] [scenario ...]`
 //!
 //! What the checkout does on this machine, beside the baselines that bound
 //! it. The bench starts its own PostgreSQL (initdb, `pg_stat_statements`),
@@ -11,6 +11,11 @@
 //! enough to trust. Naming scenarios runs only those (figures that need a
 //! missing one are left out): orders, replay, mirror, storm, payrail, redis,
 //! keyrows, cleanup, rss.
+//!
+//! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
+//! (`DATABASE_URL`: its coordinator), with the tables distributed as the
+//! script does: orders, replay, storm, cleanup and shards (the shards of the
+//! cluster each step of a click touches) unless others are named.
 
 #[path = "checkout/capacity.rs"]
 mod capacity;
@@ -28,6 +33,8 @@ mod report;
 mod scenarios;
 #[path = "checkout/servers.rs"]
 mod servers;
+#[path = "checkout/shards.rs"]
+mod shards;
 #[path = "checkout/storage.rs"]
 mod storage;
 #[path = "checkout/without_key.rs"]
@@ -95,7 +102,11 @@ pub const SCENARIOS: &[&str] = &[
     "keyrows",
     "cleanup",
     "rss",
+    "shards",
 ];
+
+/// What `--citus` runs when no scenario is named.
+const CITUS_SCENARIOS: &[&str] = &["orders", "replay", "storm", "cleanup", "shards"];
 
 /// Everything the scenarios share.
 pub struct Bench {
@@ -112,7 +123,10 @@ pub struct Bench {
 
 impl Bench {
     pub fn settings(&self, lock: LockMode) -> stagedoor_checkout::config::Settings {
-        servers::settings(&self.pg.bench_url(), &self.sandbox_url, lock)
+        let mut settings = servers::settings(&self.pg.bench_url(), &self.sandbox_url, lock);
+        // Citus cannot split a generic plan into its distributed steps.
+        settings.database.generic_plans = !self.pg.is_citus();
+        settings
     }
 
     pub async fn set_latency(&self, latency_ms: u64) {
@@ -128,11 +142,19 @@ fn main() {
     } else {
         Profile::full()
     };
-    let selected: Vec<String> = args
+    let citus = args.iter().any(|a| a == "--citus");
+    let mut selected: Vec<String> = args
         .iter()
         .filter(|a| !a.starts_with("--"))
         .cloned()
         .collect();
+    if citus && selected.is_empty() {
+        selected = CITUS_SCENARIOS.iter().map(|s| s.to_string()).collect();
+    }
+    assert!(
+        citus || !selected.iter().any(|s| s == "shards"),
+        "shards counts the shards of a Citus cluster: add --citus"
+    );
     for name in &selected {
         assert!(
             SCENARIOS.contains(&name.as_str()),
@@ -145,7 +167,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (path, double_charges) = runtime.block_on(run(profile, selected));
+    let (path, double_charges) = runtime.block_on(run(profile, selected, citus));
     runtime.shutdown_timeout(Duration::from_secs(5));
     println!("wrote {}", path.display());
     // Slow is a figure; a click charged twice is a broken promise.
@@ -155,7 +177,7 @@ fn main() {
     }
 }
 
-async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f64) {
+async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path::PathBuf, f64) {
     let started = Instant::now();
     let wants = |name: &str| selected.is_empty() || selected.iter().any(|s| s == name);
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -164,7 +186,11 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
         profile.name,
         load_before.trim()
     );
-    let (pg, fallback) = postgres::Server::start().await;
+    let (pg, fallback) = if citus {
+        (postgres::Server::citus().await, None)
+    } else {
+        postgres::Server::start().await
+    };
     let mut report = Report::default();
     if let Some(note) = fallback {
         report.note(note);
@@ -196,10 +222,12 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
     .expect("sandbox");
     let sandbox_url = sandbox.base_url();
     // Creates the database and applies the migrations.
-    let settings = servers::settings(&pg.bench_url(), &sandbox_url, LockMode::Table);
+    let mut settings = servers::settings(&pg.bench_url(), &sandbox_url, LockMode::Table);
+    settings.database.generic_plans = !pg.is_citus();
     stagedoor_checkout::startup::prepare_database(&settings)
         .await
         .expect("prepare the bench database");
+    pg.lay_out().await;
     let buyers = Arc::new(Buyers::new(&settings, 1_000));
     let factory = Factory::new(pg.bench_url(), buyers.len()).await;
     let mut bench = Bench {
@@ -242,6 +270,9 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
     }
     if wants("cleanup") {
         storage::cleanup(&mut bench, &app).await;
+    }
+    if wants("shards") {
+        shards::per_click(&mut bench, &app).await;
     }
     app.stop().await;
     if wants("rss") {
@@ -286,5 +317,10 @@ async fn run(profile: Profile, selected: Vec<String>) -> (std::path::PathBuf, f6
     .iter()
     .filter_map(|name| bench.report.get(name))
     .sum();
-    (bench.report.finish(meta), double_charges)
+    let file = if citus {
+        "checkout-citus.json"
+    } else {
+        "checkout.json"
+    };
+    (bench.report.finish(meta, file), double_charges)
 }

@@ -15,11 +15,24 @@
 -- PostgreSQL").
 DO $$
 BEGIN
+    -- One connection per worker for all of it: Citus refuses a local
+    -- table's takeover after the parallel shard creation of the tables
+    -- before it, in one transaction.
+    PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'orders'::regclass) THEN
         PERFORM create_distributed_table('orders', 'user_id');
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_keys'::regclass) THEN
         PERFORM create_distributed_table('idempotency_keys', 'user_id', colocate_with => 'orders');
+    END IF;
+    -- The seat side, with seats and events by their foreign keys.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN
+        PERFORM citus_add_local_table_to_metadata('holds', cascade_via_foreign_keys => true);
+        -- Citus restarts the identity sequences of a table it takes over.
+        PERFORM setval(pg_get_serial_sequence('holds', 'hold_id'), max(hold_id)) FROM holds
+            HAVING max(hold_id) IS NOT NULL;
+        PERFORM setval(pg_get_serial_sequence('seats', 'seat_id'), max(seat_id)) FROM seats
+            HAVING max(seat_id) IS NOT NULL;
     END IF;
 END
 $$;

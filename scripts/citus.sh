@@ -9,8 +9,9 @@
 #                            tables (scripts/citus-distribute.sql); prints
 #                            DATABASE_URL=... as its only line on stdout
 #   scripts/citus.sh stop    stop the three servers (their data stays)
+#   scripts/citus.sh drop    drop the database from every node
 #   scripts/citus.sh check   exit 0 when the extension is installed, else 3
-#                            with the reason (.ci/run asks this first)
+#                            with the reason on the first line of stderr
 #
 # Environment: STAGEDOOR_CITUS_DIR (/var/tmp/stagedoor-citus), STAGEDOOR_CITUS_PORT
 # (9700: the coordinator; the workers take the next two), STAGEDOOR_CITUS_DB
@@ -40,8 +41,8 @@ check() {
     libdir="$(pg_config --pkglibdir)"
     sharedir="$(pg_config --sharedir)"
     if [[ ! -f "$libdir/citus.so" || ! -f "$sharedir/extension/citus.control" ]]; then
-        say "the Citus extension is not installed in $(pg_config --version) ($libdir/citus.so)."
-        say "Install it (see README, 'Running on Citus'): Citus 13.0.x from citusdata/citus, built with"
+        say "the Citus extension is not installed in $(pg_config --version) (no $libdir/citus.so)"
+        say "Install it (README, 'On a Citus cluster'): Citus 13.0.x from citusdata/citus, built with"
         say "  apt-get install postgresql-server-dev-15 libcurl4-openssl-dev liblz4-dev libzstd-dev libkrb5-dev"
         say "  ./configure && make -j2 && make install"
         return 3
@@ -73,6 +74,8 @@ unix_socket_directories = '$dir'
 shared_preload_libraries = 'citus'
 max_connections = 300
 max_prepared_transactions = 300
+# Citus runs a maintenance worker per database: the tests make many.
+max_worker_processes = 64
 citus.max_client_connections = 300
 EOF
     fi
@@ -123,6 +126,14 @@ up() {
     echo "DATABASE_URL=$url"
 }
 
+drop() {
+    local port
+    for port in "${ports[@]}"; do
+        psql_on "$port" postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"
+    done
+    say "dropped $db"
+}
+
 stop() {
     local i
     for i in 2 1 0; do
@@ -136,9 +147,10 @@ stop() {
 case "${1:-up}" in
 up) up ;;
 stop) stop ;;
+drop) drop ;;
 check) check ;;
 *)
-    say "usage: scripts/citus.sh [up|stop|check]"
+    say "usage: scripts/citus.sh [up|stop|drop|check]"
     exit 2
     ;;
 esac

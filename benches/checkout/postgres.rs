@@ -5,6 +5,10 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`), in a database of its own
 //! dropped at the end, counting commits from `pg_stat_database` only, and
 //! says so.
+//!
+//! `--citus`: the cluster of `scripts/citus.sh`, whose coordinator
+//! `DATABASE_URL` names (else `postgres://postgres@127.0.0.1:9700/postgres`),
+//! in a cluster database of its own; commits are counted on every node.
 
 use std::sync::Arc;
 
@@ -35,6 +39,8 @@ pub struct Server {
     _own_database: Option<Arc<TestDatabase>>,
     /// The database the bench works in.
     pub database: String,
+    /// On a Citus cluster: each worker's `postgres://user@host:port`.
+    pub workers: Vec<String>,
 }
 
 impl Server {
@@ -47,6 +53,7 @@ impl Server {
                     throwaway: Some(throwaway),
                     _own_database: None,
                     database: "bench".to_owned(),
+                    workers: Vec::new(),
                 },
                 None,
             ),
@@ -66,11 +73,86 @@ impl Server {
                         throwaway: None,
                         database: database.name.clone(),
                         _own_database: Some(database),
+                        workers: Vec::new(),
                     },
                     Some(note),
                 )
             }
         }
+    }
+
+    /// The Citus cluster's coordinator and a database of the bench's own
+    /// on every node (the tables are distributed once migrated:
+    /// [`Self::lay_out`]).
+    pub async fn citus() -> Self {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:9700/postgres".to_owned());
+        let base = url
+            .rsplit_once('/')
+            .map_or(url.clone(), |(base, _)| base.to_owned());
+        let admin = connect(&url).await;
+        let workers = test_support::citus::workers(&admin)
+            .await
+            .iter()
+            .map(|(host, port)| format!("postgres://postgres@{host}:{port}"))
+            .collect();
+        let database = TestDatabase::create_on_cluster(&url).await;
+        Self {
+            base,
+            throwaway: None,
+            database: database.name.clone(),
+            _own_database: Some(database),
+            workers,
+        }
+    }
+
+    pub fn is_citus(&self) -> bool {
+        !self.workers.is_empty()
+    }
+
+    /// Distributes the migrated tables, on a cluster.
+    pub async fn lay_out(&self) {
+        if self.is_citus() {
+            test_support::citus::distribute(&connect(&self.bench_url()).await).await;
+        }
+    }
+
+    /// Commits in the bench database on the workers, all together, once
+    /// the backends the coordinator had opened there are gone (a backend's
+    /// counters are reported when it exits).
+    pub async fn worker_commits(&self) -> i64 {
+        let mut sum = 0;
+        for worker in &self.workers {
+            let client = connect(&format!("{worker}/postgres")).await;
+            for _ in 0..100 {
+                let connected: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE datname = $1 AND backend_type = 'client backend'",
+                        &[&self.database],
+                    )
+                    .await
+                    .expect("a worker's pg_stat_activity")
+                    .get(0);
+                if connected == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            client
+                .execute("SELECT pg_stat_clear_snapshot()", &[])
+                .await
+                .expect("clear the stats snapshot");
+            sum += client
+                .query_one(
+                    "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
+                    &[&self.database],
+                )
+                .await
+                .expect("a worker's pg_stat_database")
+                .get::<_, i64>(0);
+        }
+        sum
     }
 
     pub fn url(&self, database: &str) -> String {
@@ -91,6 +173,11 @@ impl Server {
                 "throwaway server ({}), {}",
                 t.bindir().display(),
                 t.settings().join(" ")
+            ),
+            None if self.is_citus() => format!(
+                "a Citus cluster: coordinator {}, workers {}",
+                self.base,
+                self.workers.join(", ")
             ),
             None => "the machine's server, as configured".to_owned(),
         }

@@ -1,6 +1,6 @@
 //! The figures of a run: a table with the targets (pass/miss) on stdout, and
 //! the same as JSON in `$CARGO_TARGET_DIR/bench/checkout.json` (or
-//! `target/bench/checkout.json`).
+//! `target/bench/checkout.json`; `checkout-citus.json` for `--citus`).
 
 use std::path::PathBuf;
 
@@ -132,7 +132,7 @@ impl Report {
     }
 
     /// Prints the table and writes the JSON; returns where it went.
-    pub fn finish(&self, meta: Value) -> PathBuf {
+    pub fn finish(&self, meta: Value, file: &str) -> PathBuf {
         println!("\n{:-<96}", "");
         println!("{:<30} {:>14}   {:<38} result", "figure", "value", "target");
         println!("{:-<96}", "");
@@ -161,7 +161,7 @@ impl Report {
         let dir = std::env::var_os("CARGO_TARGET_DIR")
             .map_or_else(|| PathBuf::from("target"), PathBuf::from)
             .join("bench");
-        let path = dir.join("checkout.json");
+        let path = dir.join(file);
         let document = json!({
             "meta": meta,
             "metrics": self.metrics,

@@ -112,15 +112,22 @@ pub async fn seed(
         )
         .await?;
     let labels: Vec<String> = (0..seats).map(label).collect();
-    let created = client
-        .execute(
-            "INSERT INTO seats (event_id, label, price_cents)
-             SELECT $1, label, $3 FROM unnest($2::text[]) WITH ORDINALITY AS l (label, n)
-             ORDER BY n
-             ON CONFLICT (event_id, label) DO NOTHING",
+    // Counted from what the insert returns: Citus reports the rows an
+    // INSERT … SELECT read, not the ones it wrote.
+    let created: i64 = client
+        .query_one(
+            "WITH created AS (
+                 INSERT INTO seats (event_id, label, price_cents)
+                 SELECT $1, label, $3 FROM unnest($2::text[]) WITH ORDINALITY AS l (label, n)
+                 ORDER BY n
+                 ON CONFLICT (event_id, label) DO NOTHING
+                 RETURNING 1
+             )
+             SELECT count(*) FROM created",
             &[&event_id, &labels, &price_cents],
         )
-        .await?;
+        .await?
+        .try_get(0)?;
     let total: i64 = client
         .query_one(
             "SELECT count(*) FROM seats WHERE event_id = $1",
@@ -131,7 +138,7 @@ pub async fn seed(
     Ok(SeedSummary {
         event_id: event_id.to_owned(),
         seats: total,
-        created,
+        created: created.unsigned_abs(),
         price_cents,
     })
 }

@@ -23,15 +23,21 @@ pub use test_support::Seen;
 
 pub const API_KEY: &str = "sk_test_stagedoor";
 
-/// The service's own pool (`db::pool`), one connection, to `url`.
+/// The service's own pool (`db::pool`), one connection, to `url`, with
+/// generic plans as the profile needs them (off on Citus).
 pub fn pool(url: &str) -> deadpool_postgres::Pool {
+    pool_with(url, !test_support::citus::enabled())
+}
+
+/// [`pool`] with `database.generic_plans` as given.
+pub fn pool_with(url: &str, generic_plans: bool) -> deadpool_postgres::Pool {
     stagedoor_checkout::db::pool(&stagedoor_checkout::config::DatabaseSettings {
         url: SecretString::from(url.to_owned()),
         pool_size: 1,
         create_if_missing: false,
         pool_timeout_ms: 5_000,
         connect_timeout_secs: 0,
-        generic_plans: !test_support::citus::enabled(),
+        generic_plans,
     })
     .expect("a pool")
 }

@@ -3,7 +3,12 @@
 use crate::helpers::{self, TestDatabase};
 
 async fn setting(url: &str, name: &str) -> String {
-    let client = helpers::pool(url).get().await.unwrap();
+    setting_with(url, name, true).await
+}
+
+/// `name` on a connection of a pool with `database.generic_plans` as given.
+async fn setting_with(url: &str, name: &str, generic_plans: bool) -> String {
+    let client = helpers::pool_with(url, generic_plans).get().await.unwrap();
     let row = client
         .query_one("SELECT current_setting($1)", &[&name])
         .await
@@ -27,4 +32,13 @@ async fn server_options_in_the_database_url_are_kept() {
     let url = format!("{}{separator}options=-c%20statement_timeout%3D7s", db.url);
     assert_eq!(setting(&url, "statement_timeout").await, "7s");
     assert_eq!(setting(&url, "plan_cache_mode").await, "force_generic_plan");
+}
+
+#[tokio::test]
+async fn without_generic_plans_the_server_plans_as_it_is_configured() {
+    let db = TestDatabase::create().await;
+    assert_eq!(
+        setting_with(&db.url, "plan_cache_mode", false).await,
+        "auto"
+    );
 }

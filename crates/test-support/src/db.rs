@@ -74,6 +74,8 @@ pub struct TestDatabase {
     /// Its URL: the maintenance URL's server, user and password.
     pub url: String,
     maintenance: String,
+    /// A database of a Citus cluster, on every node.
+    cluster: bool,
 }
 
 impl TestDatabase {
@@ -85,6 +87,16 @@ impl TestDatabase {
     /// A new database on the server of `maintenance` (a URL of a database
     /// there that exists, `postgres` usually).
     pub async fn create_on(maintenance: &str) -> Arc<Self> {
+        Self::make(maintenance, crate::citus::enabled()).await
+    }
+
+    /// A new database of the Citus cluster whose coordinator `maintenance`
+    /// is on, whatever the profile.
+    pub async fn create_on_cluster(maintenance: &str) -> Arc<Self> {
+        Self::make(maintenance, true).await
+    }
+
+    async fn make(maintenance: &str, cluster: bool) -> Arc<Self> {
         let name = format!("stagedoor_test_{}", Uuid::new_v4().simple());
         let (client, connection) = tokio_postgres::connect(maintenance, NoTls)
             .await
@@ -95,13 +107,14 @@ impl TestDatabase {
             .await
             .expect("create test database");
         let url = database_url(maintenance, &name);
-        if crate::citus::enabled() {
+        if cluster {
             crate::citus::join(&client, maintenance, &name, &url).await;
         }
         Arc::new(Self {
             name,
             url,
             maintenance: maintenance.to_owned(),
+            cluster,
         })
     }
 
@@ -122,7 +135,7 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let (name, cluster) = (self.name.clone(), self.cluster);
         let maintenance = self.maintenance.clone();
         // Drop runs inside the test's runtime; a thread of its own may block.
         let _ = std::thread::spawn(move || {
@@ -137,7 +150,7 @@ impl Drop for TestDatabase {
                     let _ = client
                         .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                         .await;
-                    if crate::citus::enabled() {
+                    if cluster {
                         crate::citus::leave(&client, &maintenance, &name).await;
                     }
                 }
