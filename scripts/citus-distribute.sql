@@ -6,13 +6,16 @@
 -- distributed by `user_id`, co-located, so the claim, the order, the
 -- settlement and the answer of one click are on one shard of one worker.
 --
--- The seat side (events, seats, holds) stays in plain tables on the
--- coordinator. A seat is contended by every buyer, so it cannot live on a
--- buyer's shard; as a reference table, every write of a hold or an order
--- takes a lock on the whole table on every node (another buyer waited 3.1 s
--- behind one open order); distributed by seat, the order statement and the
--- seat map can no longer be planned (docs/PERFORMANCE.md, "Past one
--- PostgreSQL").
+-- The seat side (events, seats, holds) stays on the coordinator. A seat is
+-- contended by every buyer, so it cannot live on a buyer's shard; as a
+-- reference table, every write of a hold or an order takes a lock on the
+-- whole table on every node (another buyer waited 3.1 s behind one open
+-- order); distributed by seat, the order statement and the seat map can no
+-- longer be planned. They are Citus-managed local tables, not plain ones:
+-- Citus then knows when a transaction wrote them, and a keyed hold (hold
+-- and answer) or a settlement (order, holds, answer) commits on the
+-- coordinator and the worker with two-phase commit, all or nothing
+-- (docs/PERFORMANCE.md, "Past one PostgreSQL").
 DO $$
 BEGIN
     -- One connection per worker for all of it: Citus refuses a local
