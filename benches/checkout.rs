@@ -271,7 +271,8 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     if wants("cleanup") {
         storage::cleanup(&mut bench, &app).await;
     }
-    if wants("shards") {
+    // Only on a cluster (main refuses `shards` named without `--citus`).
+    if bench.pg.is_citus() && wants("shards") {
         shards::per_click(&mut bench, &app).await;
     }
     app.stop().await;
