@@ -11,6 +11,7 @@
 //! in a cluster database of its own; commits are counted on every node.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use test_support::db::{maintenance_url, TestDatabase};
 use test_support::postgres::Postgres;
@@ -119,38 +120,13 @@ impl Server {
 
     /// Commits in the bench database on the workers, all together, once
     /// the backends the coordinator had opened there are gone (a backend's
-    /// counters are reported when it exits).
+    /// counters are reported when it exits), as [`commits`] counts them.
     pub async fn worker_commits(&self) -> i64 {
         let mut sum = 0;
         for worker in &self.workers {
             let client = connect(&format!("{worker}/postgres")).await;
-            for _ in 0..100 {
-                let connected: i64 = client
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE datname = $1 AND backend_type = 'client backend'",
-                        &[&self.database],
-                    )
-                    .await
-                    .expect("a worker's pg_stat_activity")
-                    .get(0);
-                if connected == 0 {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            client
-                .execute("SELECT pg_stat_clear_snapshot()", &[])
-                .await
-                .expect("clear the stats snapshot");
-            sum += client
-                .query_one(
-                    "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
-                    &[&self.database],
-                )
-                .await
-                .expect("a worker's pg_stat_database")
-                .get::<_, i64>(0);
+            wait_idle(&client, &self.database, 0).await;
+            sum += commits(&client, &self.database).await;
         }
         sum
     }
@@ -182,4 +158,39 @@ impl Server {
             None => "the machine's server, as configured".to_owned(),
         }
     }
+}
+
+/// Waits until at most `others` backends are connected to `database`.
+pub async fn wait_idle(monitor: &tokio_postgres::Client, database: &str, others: i64) {
+    for _ in 0..200 {
+        let connected: i64 = monitor
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = $1 AND backend_type = 'client backend'",
+                &[&database],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if connected <= others {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("  (backends of {database} still connected after 10 s)");
+}
+
+pub async fn commits(monitor: &tokio_postgres::Client, database: &str) -> i64 {
+    monitor
+        .execute("SELECT pg_stat_clear_snapshot()", &[])
+        .await
+        .expect("clear the stats snapshot");
+    monitor
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
+            &[&database],
+        )
+        .await
+        .expect("pg_stat_database")
+        .get(0)
 }

@@ -151,7 +151,7 @@ pub async fn orders(bench: &mut Bench) {
         // Autovacuum's transactions would count as the orders'.
         autovacuum(&monitor, false).await;
     }
-    let commits_before = commits(&monitor, &database).await;
+    let commits_before = postgres::commits(&monitor, &database).await;
     let worker_commits_before = bench.pg.worker_commits().await;
     let stats = first_clicks(
         bench,
@@ -164,8 +164,8 @@ pub async fn orders(bench: &mut Bench) {
     .await;
     app.stop().await;
     // A backend's counters reach pg_stat_database when it exits.
-    wait_idle(&monitor, &database, 0).await;
-    let commits_after = commits(&monitor, &database).await;
+    postgres::wait_idle(&monitor, &database, 0).await;
+    let commits_after = postgres::commits(&monitor, &database).await;
     let worker_commits = bench.pg.worker_commits().await - worker_commits_before;
     if counted {
         autovacuum(&monitor, true).await;
@@ -267,26 +267,6 @@ pub async fn orders(bench: &mut Bench) {
     bench.report.detail("orders", detail);
 }
 
-/// Waits until at most `others` backends are connected to `database`.
-async fn wait_idle(monitor: &tokio_postgres::Client, database: &str, others: i64) {
-    for _ in 0..200 {
-        let connected: i64 = monitor
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = $1 AND backend_type = 'client backend'",
-                &[&database],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if connected <= others {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    println!("  (backends of {database} still connected after 10 s)");
-}
-
 /// Pauses or resumes autovacuum on the throwaway server.
 async fn autovacuum(monitor: &tokio_postgres::Client, on: bool) {
     let sql = if on {
@@ -301,21 +281,6 @@ async fn autovacuum(monitor: &tokio_postgres::Client, on: bool) {
         .expect("reload");
     // Let running workers see it and finish.
     tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
-async fn commits(monitor: &tokio_postgres::Client, database: &str) -> i64 {
-    monitor
-        .execute("SELECT pg_stat_clear_snapshot()", &[])
-        .await
-        .expect("clear the stats snapshot");
-    monitor
-        .query_one(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
-            &[&database],
-        )
-        .await
-        .expect("pg_stat_database")
-        .get(0)
 }
 
 /// One stored 201, replayed at 64 concurrency, beside the bare servers

@@ -41,7 +41,7 @@ pub async fn workers(admin: &Client) -> Vec<(String, u16)> {
 }
 
 /// `url` with another host and port (a worker's), same user and database.
-pub fn on_node(url: &str, host: &str, port: u16) -> String {
+fn on_node(url: &str, host: &str, port: u16) -> String {
     let config: Config = url.parse().expect("a PostgreSQL URL");
     let user = config.get_user().unwrap_or("postgres");
     let dbname = config.get_dbname().unwrap_or("postgres");
@@ -49,12 +49,9 @@ pub fn on_node(url: &str, host: &str, port: u16) -> String {
 }
 
 /// Runs `sql` on the database `url` names.
-pub async fn execute(url: &str, sql: &str) {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
+async fn execute(url: &str, sql: &str) {
+    crate::db::connect(url)
         .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
-    tokio::spawn(connection);
-    client
         .batch_execute(sql)
         .await
         .unwrap_or_else(|e| panic!("{url}: {sql}: {e}: {:?}", e.as_db_error()));
@@ -64,7 +61,7 @@ pub async fn execute(url: &str, sql: &str) {
 /// `coordinator`) a database of the cluster: `CREATE DATABASE` on every
 /// worker (`admin` lists them; `maintenance` is the URL it was opened
 /// with), the extension on every node, and the nodes known to it.
-pub async fn join(admin: &Client, maintenance: &str, name: &str, coordinator: &str) {
+pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str, coordinator: &str) {
     // Adding nodes to two databases at once fails on the cluster-wide role
     // both copy to the workers (`tuple concurrently updated`): one join at a
     // time, across every test process (they share the maintenance database,
@@ -84,11 +81,7 @@ pub async fn join(admin: &Client, maintenance: &str, name: &str, coordinator: &s
         execute(&on_node(coordinator, host, *port), "CREATE EXTENSION citus").await;
     }
     let config: Config = coordinator.parse().expect("a PostgreSQL URL");
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let (host, port) = crate::db::host_and_port(&config);
     let mut sql =
         format!("CREATE EXTENSION citus; SELECT citus_set_coordinator_host('{host}', {port});");
     for (host, port) in &workers {
@@ -102,7 +95,7 @@ pub async fn join(admin: &Client, maintenance: &str, name: &str, coordinator: &s
 }
 
 /// Drops `name` from every worker (the coordinator's copy is the caller's).
-pub async fn leave(admin: &Client, maintenance: &str, name: &str) {
+pub(crate) async fn leave(admin: &Client, maintenance: &str, name: &str) {
     for (host, port) in workers(admin).await {
         if let Ok((client, connection)) =
             tokio_postgres::connect(&on_node(maintenance, &host, port), NoTls).await

@@ -47,15 +47,20 @@ pub fn pool(url: &str, max_size: usize) -> Pool {
         .expect("a pool")
 }
 
-/// `maintenance`'s server, user and password, and the database `name`.
-fn database_url(maintenance: &str, name: &str) -> String {
-    let mut config: tokio_postgres::Config = maintenance.parse().expect("DATABASE_URL");
-    config.dbname(name);
+/// The TCP host and port a URL names (127.0.0.1 and 5432 when it names none).
+pub(crate) fn host_and_port(config: &tokio_postgres::Config) -> (String, u16) {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         _ => "127.0.0.1".to_owned(),
     };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host, config.get_ports().first().copied().unwrap_or(5432))
+}
+
+/// `maintenance`'s server, user and password, and the database `name`.
+fn database_url(maintenance: &str, name: &str) -> String {
+    let mut config: tokio_postgres::Config = maintenance.parse().expect("DATABASE_URL");
+    config.dbname(name);
+    let (host, port) = host_and_port(&config);
     let user = config.get_user().unwrap_or("postgres");
     let password = config
         .get_password()
