@@ -16,7 +16,7 @@ use idempotency::{Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
-use crate::checkout::orders::Orders;
+use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::{self, AppState};
@@ -145,6 +145,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         engine: Engine::new(pool.clone(), policy)
             .with_gate(gate)
             .with_limit(limit.clone())
+            .with_settling(orders::SETTLING)
             .on_outcome(observe::idempotency)
             .on_wait(observe::idempotency_wait),
         orders: Orders::new(pool.clone(), payrail, http::order_answer),

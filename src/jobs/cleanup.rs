@@ -7,6 +7,7 @@ use deadpool_postgres::Pool;
 use idempotency::cleanup::Cleanup as Engine;
 pub use idempotency::cleanup::Outcome;
 
+use crate::checkout::orders;
 use crate::observe;
 
 /// How a run ended, as `cleanup_runs_total` counts it.
@@ -36,8 +37,10 @@ impl RunResult {
 pub struct Cleanup(Engine);
 
 impl Cleanup {
+    /// A key whose order is still waiting for its payment outlives its TTL
+    /// until the order settles (`orders::SETTLING`, as `keys purge` decides).
     pub fn new(pool: Pool, ttl: Duration) -> Self {
-        Self(Engine::new(pool, ttl))
+        Self(Engine::new(pool, ttl).with_settling(orders::SETTLING))
     }
 
     pub async fn run(&self) -> Result<Outcome, idempotency::Error> {

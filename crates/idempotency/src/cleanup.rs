@@ -3,11 +3,11 @@
 //! lock, released at the end, or with its connection, which is closed rather
 //! than pooled when the run fails midway.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
 
-use crate::Error;
+use crate::{Error, Settling};
 
 /// Rows per statement: large enough to go fast, small enough to stay brief
 /// (a few milliseconds).
@@ -20,6 +20,7 @@ pub const CLEANUP_LOCK: i64 = 0x4944_454d_434c_4e55; // "IDEMCLNU"
 pub struct Cleanup {
     pool: Pool,
     ttl: Duration,
+    settling: Settling,
 }
 
 /// What a run did.
@@ -32,7 +33,19 @@ pub enum Outcome {
 
 impl Cleanup {
     pub fn new(pool: Pool, ttl: Duration) -> Self {
-        Self { pool, ttl }
+        Self {
+            pool,
+            ttl,
+            settling: Settling::NEVER,
+        }
+    }
+
+    /// Keeps an expired key whose linked effect is still `settling` until it
+    /// settles: its answer is still to be stored on it, and a retry of its
+    /// click must find it, not start a second effect.
+    pub fn with_settling(mut self, settling: Settling) -> Self {
+        self.settling = settling;
+        self
     }
 
     /// Deletes every expired key, batch by batch, unless another instance is
@@ -63,53 +76,88 @@ impl Cleanup {
 
     async fn delete_in_batches(&self, client: &Object) -> Result<u64, Error> {
         let mut deleted = 0;
+        let mut after = None;
         loop {
             let started = Instant::now();
-            let batch = delete_expired(client, self.ttl, BATCH).await?;
-            deleted += batch;
-            if batch < BATCH as u64 {
+            let end = slice_end(client, self.ttl, after, BATCH).await?;
+            deleted += delete_slice(client, self.ttl, self.settling, after, end).await?;
+            let Some(end) = end else {
                 return Ok(deleted);
-            }
-            // Rest as long as the batch took, so that a backlog never takes
-            // more than half of the database's time from the traffic; it
-            // still goes at well over 100,000 rows a second.
+            };
+            after = Some(end);
+            // Rest as long as the slice took, so that a backlog never takes
+            // more than half of the database's time from the traffic.
             tokio::time::sleep(started.elapsed()).await;
         }
     }
 }
 
-/// Deletes up to `batch` rows older than the TTL, oldest first; returns how
-/// many went. Rows are named by their key (`user_id`, `key`), which a table
-/// distributed by `user_id` can route, not by their physical address. The
-/// batch's keys go through arrays (`unnest`) so that the delete finds each
-/// row by the primary key: a plain `(user_id, key) IN (SELECT …)` is planned
-/// (generic plans) as a hash join over every expired row, 4-5 times slower
-/// per batch. No row locks are taken before the delete (they would write
-/// every row twice). A row that a request restarts meanwhile (a takeover of
-/// an expired key sets `created_at`) survives because the expiry is part of
-/// the delete's own condition, which PostgreSQL rechecks on the row's latest
-/// version.
+/// Where the next slice of expired keys after `after` ends: the
+/// `created_at` of its `batch`-th oldest row, found in the `created_at`
+/// index; `None` when fewer are left (the last slice takes them all).
+async fn slice_end(
+    client: &impl GenericClient,
+    ttl: Duration,
+    after: Option<SystemTime>,
+    batch: i64,
+) -> Result<Option<SystemTime>, Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT created_at FROM idempotency_keys
+             WHERE created_at > COALESCE($2, '-infinity'::timestamptz)
+               AND created_at < now() - make_interval(secs => $1)
+             ORDER BY created_at
+             OFFSET $3::bigint - 1 LIMIT 1",
+        )
+        .await?;
+    let row = client
+        .query_opt(&statement, &[&ttl.as_secs_f64(), &after, &batch])
+        .await?;
+    Ok(row.map(|row| row.try_get(0)).transpose()?)
+}
+
+/// Deletes the expired keys of one slice of `created_at`, `(after, end]`,
+/// except those whose linked effect is `settling`.
+///
+/// One range of the `created_at` index, no per-row lookup: each row is
+/// deleted where the index scan finds it. It names no physical address
+/// (`ctid`), locks nothing beforehand and reads no other shard's rows, so
+/// on a table distributed by `user_id` (Citus) the same statement runs on
+/// every shard, each through its own index; the settling guard joins the
+/// caller's tables on `k.user_id`, which keeps it on the shard. A row that a
+/// request restarts meanwhile (an expired-key takeover sets `created_at` to
+/// now) survives because the expiry is part of the statement's condition,
+/// which PostgreSQL rechecks on the row's latest version. Rows that share
+/// the slice's last `created_at` all go in this slice.
+async fn delete_slice(
+    client: &impl GenericClient,
+    ttl: Duration,
+    settling: Settling,
+    after: Option<SystemTime>,
+    end: Option<SystemTime>,
+) -> Result<u64, Error> {
+    let guard = settling.of_key();
+    let statement = client
+        .prepare_cached(&format!(
+            "DELETE FROM idempotency_keys AS k
+             WHERE k.created_at > COALESCE($2, '-infinity'::timestamptz)
+               AND k.created_at <= COALESCE($3, 'infinity'::timestamptz)
+               AND k.created_at < now() - make_interval(secs => $1)
+               AND NOT {guard}"
+        ))
+        .await?;
+    Ok(client
+        .execute(&statement, &[&ttl.as_secs_f64(), &after, &end])
+        .await?)
+}
+
+/// Deletes up to about `batch` rows older than the TTL, oldest first (a
+/// slice of `created_at`, see `delete_slice`); returns how many went.
 pub async fn delete_expired(
     client: &impl GenericClient,
     ttl: Duration,
     batch: i64,
 ) -> Result<u64, Error> {
-    let statement = client
-        .prepare_cached(
-            "WITH oldest AS (
-                 SELECT array_agg(user_id) AS users, array_agg(key) AS keys
-                 FROM (SELECT user_id, key FROM idempotency_keys
-                       WHERE created_at < now() - make_interval(secs => $1)
-                       ORDER BY created_at
-                       LIMIT $2) batch
-             )
-             DELETE FROM idempotency_keys
-             WHERE (user_id, key) IN (
-                     SELECT * FROM unnest((SELECT users FROM oldest), (SELECT keys FROM oldest)))
-               AND created_at < now() - make_interval(secs => $1)",
-        )
-        .await?;
-    Ok(client
-        .execute(&statement, &[&ttl.as_secs_f64(), &batch])
-        .await?)
+    let end = slice_end(client, ttl, None, batch).await?;
+    delete_slice(client, ttl, Settling::NEVER, None, end).await
 }

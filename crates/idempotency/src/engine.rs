@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
-use crate::store::{self, Begin};
+use crate::store::{self, Begin, Found};
 use crate::unit::{self, Committed, Fence};
 use crate::wait::{WaitOutcome, Waiters};
-use crate::{Error, Gate, IdempotencyKey, Limit, RequestHash, StoredResponse};
+use crate::{Error, Gate, IdempotencyKey, Limit, RequestHash, Settling, StoredResponse};
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
 /// in-progress claim belongs to its request before another may take it over.
@@ -163,6 +163,7 @@ pub struct Engine {
     pub(crate) policy: Policy,
     pub(crate) gate: Gate,
     limit: Option<Limit>,
+    pub(crate) settling: Settling,
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
     pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
     pub(crate) waiters: Waiters,
@@ -175,6 +176,7 @@ impl Engine {
             policy,
             gate: Gate::Table,
             limit: None,
+            settling: Settling::NEVER,
             observe: Arc::new(|_| {}),
             observe_wait: Arc::new(|_, _| {}),
             waiters: Waiters::default(),
@@ -190,6 +192,14 @@ impl Engine {
     /// Limits the new intents of each scope (see [`Limit`]).
     pub fn with_limit(mut self, limit: Limit) -> Self {
         self.limit = Some(limit);
+        self
+    }
+
+    /// Says when the effect a key links is still settling (see
+    /// [`Settling`]): such a key outlives its TTL, neither taken over as a
+    /// new intent nor deleted by the cleanup, until the effect settles.
+    pub fn with_settling(mut self, settling: Settling) -> Self {
+        self.settling = settling;
         self
     }
 
@@ -239,22 +249,61 @@ impl Engine {
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
-    ) -> Result<(Begin, bool), Error> {
-        if let Some(Err(wait)) = self.limit.as_ref().map(|limit| limit.take(user_id)) {
-            // Over the limit: the key is read, never inserted, so that a retry
-            // still reaches its answer and a new intent writes nothing.
+    ) -> Result<(Begin, Option<i64>), Error> {
+        if let Some(limit) = &self.limit {
+            // Only a request about to claim a new key spends a token: the
+            // row is read first, so that a retry (a replay, a 409, a 422, the
+            // takeover of an abandoned claim, which finishes an intent rather
+            // than starting one) never does, and a new intent past the limit
+            // writes nothing.
             let client = self.pool.get().await?;
-            let begun = store::existing(&client, self.policy, user_id, key, hash).await?;
-            return Ok((begun.unwrap_or(Begin::Limited(wait)), false));
+            match store::find(&client, self.policy, user_id, key, hash).await? {
+                Found::Decided(begun) => return Ok((begun, None)),
+                Found::Abandoned => {}
+                Found::New => {
+                    if let Err(wait) = limit.take(user_id) {
+                        return Ok((Begin::Limited(wait), None));
+                    }
+                }
+            }
         }
-        let admitted = self.gate.enter(user_id, key, self.policy.lease).await;
+        let token = store::new_token();
+        let admitted = self
+            .gate
+            .enter(user_id, key, token, self.policy.lease)
+            .await;
+        let begun = self
+            .claim_or_read(admitted, user_id, key, hash, token)
+            .await;
+        match (begun, admitted) {
+            (Ok(begun), admitted) => Ok((begun, admitted.then_some(token))),
+            (Err(error), true) => {
+                // Nobody works on the key: a lock left behind would turn its
+                // retries away for the lease, where the table would let them claim.
+                self.gate.leave(user_id, key, token).await;
+                Err(error)
+            }
+            (Err(error), false) => Err(error),
+        }
+    }
+
+    /// Claims the key with `token` when the gate let this request in, else
+    /// only reads what it holds.
+    async fn claim_or_read(
+        &self,
+        admitted: bool,
+        user_id: &str,
+        key: &IdempotencyKey,
+        hash: &RequestHash,
+        token: i64,
+    ) -> Result<Begin, Error> {
         let client = self.pool.get().await?;
-        let begun = if admitted {
-            store::begin(&client, self.policy, user_id, key, hash).await?
+        if admitted {
+            let settling = self.settling;
+            store::claim(&client, self.policy, settling, user_id, key, hash, token).await
         } else {
-            store::current(&client, self.policy, user_id, key, hash).await?
-        };
-        Ok((begun, admitted))
+            store::current(&client, self.policy, user_id, key, hash).await
+        }
     }
 
     /// What the key decided for a request that does not get to do the work;
@@ -262,13 +311,13 @@ impl Engine {
     pub(crate) async fn decided(
         &self,
         begun: Begin,
-        admitted: bool,
+        gate: Option<i64>,
         user_id: &str,
         key: &IdempotencyKey,
     ) -> Reply {
         (self.observe)(Outcome::of(&begun));
-        if admitted {
-            self.gate.leave(user_id, key).await;
+        if let Some(token) = gate {
+            self.gate.leave(user_id, key, token).await;
         }
         reply(begun)
     }
@@ -286,7 +335,6 @@ impl Engine {
     {
         (self.observe)(claim.kind.outcome());
         let finished = work(claim.clone()).await;
-        let fenced = matches!(finished, Ok(Done::Fenced));
         let answer = match finished {
             Ok(Done::Stored(response)) => Ok(Reply::First(response)),
             Ok(Done::Answer(response)) => self.store(&claim, hash, response).await,
@@ -296,12 +344,12 @@ impl Engine {
                 Err(RunError::Work(error))
             }
         };
-        // The gate marks a claim in flight. This one is over, unless it was
-        // fenced off, in which case the gate now belongs to the request that
-        // took the key over.
-        if !fenced {
-            self.gate.leave(&claim.user_id, &claim.key).await;
-        }
+        // The gate marks a claim in flight, and this one is over. Its lock
+        // holds this claim's token: when the claim was lost (fenced off, or
+        // its answer refused), the lock, if any, is the taker's, and stays.
+        self.gate
+            .leave(&claim.user_id, &claim.key, claim.token)
+            .await;
         answer
     }
 
@@ -313,7 +361,8 @@ impl Engine {
         hash: &RequestHash,
     ) -> Result<Begin, Error> {
         let client = self.pool.get().await?;
-        store::begin(&client, self.policy, user_id, key, hash).await
+        let (policy, settling, token) = (self.policy, self.settling, store::new_token());
+        store::claim(&client, policy, settling, user_id, key, hash, token).await
     }
 
     async fn store<E>(

@@ -1,8 +1,11 @@
 //! The optional Redis gate in front of the key table:
-//! `SET idem:{user_id}:{key} 1 NX EX <lease_secs>` lets one request
-//! at a time try to claim a key, so duplicates of a click in flight are
-//! turned away with a read instead of a write to PostgreSQL. The lock lives
-//! while its claim is in flight and is deleted when it ends. The table still
+//! `SET idem:{user_id}:{key} <claim token> NX EX <lease_secs>` lets one
+//! request at a time try to claim a key, so duplicates of a click in flight
+//! are turned away with a read instead of a write to PostgreSQL. The lock
+//! lives while its claim is in flight and is deleted when it ends, by the
+//! claim that set it only: the delete compares the token first (one Lua
+//! script), so a request that lost its claim never opens the gate of the
+//! request that took the key over. The table still
 //! decides and still stores every answer, so a lock that expires early can never cause a
 //! finished request to run again. If Redis is unreachable the gate opens and
 //! the table alone decides.
@@ -29,13 +32,20 @@ impl Gate {
 
     /// True when this request may try to claim the key in the table; false
     /// when another request holds the gate and this one should only read.
-    pub async fn enter(&self, user_id: &str, key: &IdempotencyKey, lease: Duration) -> bool {
+    /// The lock, if taken, holds `token`, the claim's.
+    pub async fn enter(
+        &self,
+        user_id: &str,
+        key: &IdempotencyKey,
+        token: i64,
+        lease: Duration,
+    ) -> bool {
         let Gate::Redis(connection) = self else {
             return true;
         };
         let set: Result<Option<String>, _> = redis::cmd("SET")
             .arg(lock_name(user_id, key))
-            .arg(1)
+            .arg(token)
             .arg("NX")
             .arg("EX")
             .arg(lease.as_secs().max(1))
@@ -51,11 +61,15 @@ impl Gate {
     }
 
     /// Opens the gate once the claim behind it is over (answered, stored or
-    /// given back), so that retries need not wait for the lock to expire.
-    pub async fn leave(&self, user_id: &str, key: &IdempotencyKey) {
+    /// given back), so that retries need not wait for the lock to expire;
+    /// only while the lock still holds `token`, the claim's.
+    pub async fn leave(&self, user_id: &str, key: &IdempotencyKey, token: i64) {
         if let Gate::Redis(connection) = self {
-            let deleted: Result<i64, _> = redis::cmd("DEL")
+            let deleted: Result<i64, _> = redis::cmd("EVAL")
+                .arg(DELETE_IF_HELD)
+                .arg(1)
                 .arg(lock_name(user_id, key))
+                .arg(token)
                 .query_async(&mut connection.clone())
                 .await;
             if let Err(error) = deleted {
@@ -64,6 +78,11 @@ impl Gate {
         }
     }
 }
+
+/// Compare-and-delete: one script, so nothing runs between the read and the
+/// delete. Redis caches it by its hash after the first call.
+const DELETE_IF_HELD: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+                              return redis.call('DEL', KEYS[1]) else return 0 end";
 
 fn lock_name(user_id: &str, key: &IdempotencyKey) -> String {
     format!("idem:{user_id}:{key}")

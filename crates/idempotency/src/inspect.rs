@@ -138,7 +138,7 @@ impl Settling {
     }
 
     /// True (never NULL) when the key links an effect that is settling.
-    fn of_key(self) -> String {
+    pub(crate) fn of_key(self) -> String {
         format!("COALESCE(k.effect IS NOT NULL AND ({}), true)", self.0)
     }
 }

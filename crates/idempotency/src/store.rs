@@ -12,7 +12,9 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::{Claim, ClaimKind, Error, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use crate::{
+    Claim, ClaimKind, Error, IdempotencyKey, Policy, RequestHash, Settling, StoredResponse,
+};
 
 /// What the key row says about a request.
 #[derive(Debug)]
@@ -42,10 +44,33 @@ pub async fn begin(
     key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<Begin, Error> {
+    claim(
+        client,
+        policy,
+        Settling::NEVER,
+        user_id,
+        key,
+        hash,
+        new_token(),
+    )
+    .await
+}
+
+/// [`begin`] with the claim's token chosen by the caller (the Redis gate's
+/// lock holds it too), keeping a key past its TTL whose effect is `settling`.
+pub(crate) async fn claim(
+    client: &impl GenericClient,
+    policy: Policy,
+    settling: Settling,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+    token: i64,
+) -> Result<Begin, Error> {
     let mut claim = Claim {
         user_id: user_id.to_owned(),
         key: key.clone(),
-        token: new_token(),
+        token,
         effect: None,
         kind: ClaimKind::First,
     };
@@ -101,12 +126,18 @@ pub async fn begin(
             continue;
         };
         if row.expired {
-            // Older than the TTL: a new intent, as if the row were absent.
-            if take_expired(client, policy, &claim, hash, row.token).await? {
-                claim.kind = ClaimKind::Expired;
-                return Ok(Begin::Claimed(claim));
+            // Older than the TTL: a new intent, as if the row were absent;
+            // unless the effect it links is still settling, which keeps the
+            // row its old intent's (answered, in progress or abandoned, as
+            // below) until it settles.
+            match take_expired(client, policy, settling, &claim, hash, row.token).await? {
+                Expired::Taken => {
+                    claim.kind = ClaimKind::Expired;
+                    return Ok(Begin::Claimed(claim));
+                }
+                Expired::Changed => continue,
+                Expired::Settling => {}
             }
-            continue;
         }
         if row.hash != hash.as_bytes() {
             return Ok(Begin::KeyReused);
@@ -125,6 +156,39 @@ pub async fn begin(
         }
     }
     Ok(Begin::InProgress)
+}
+
+/// What a request finds in the key row before it claims anything.
+pub(crate) enum Found {
+    /// No live row: the request would be a new intent.
+    New,
+    /// An in-progress row past its lease: the request would finish its
+    /// intent, not start one.
+    Abandoned,
+    /// The row answers the request without a claim (a replay, a 409, a 422).
+    Decided(Begin),
+}
+
+/// Reads the key row and says what the request would find, writing nothing.
+pub(crate) async fn find(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Found, Error> {
+    Ok(match read(client, policy, user_id, key.as_str()).await? {
+        None | Some(KeyRow { expired: true, .. }) => Found::New,
+        Some(row) if row.hash != hash.as_bytes() => Found::Decided(Begin::KeyReused),
+        Some(KeyRow {
+            response: Some(response),
+            ..
+        }) => Found::Decided(Begin::Replay(response)),
+        Some(KeyRow {
+            lease_over: true, ..
+        }) => Found::Abandoned,
+        Some(_) => Found::Decided(Begin::InProgress),
+    })
 }
 
 /// What the key row says now, without claiming anything: for a request
@@ -253,32 +317,54 @@ pub(crate) async fn read(
 
 /// A claim token: 62 random bits (a v4 UUID's lower half), enough that two
 /// claims of one key never share one.
-fn new_token() -> i64 {
+pub(crate) fn new_token() -> i64 {
     Uuid::new_v4().as_u64_pair().1 as i64
 }
 
-/// Restarts a row past its TTL as a new intent. One conditional update
-/// decides between racing requests: it matches only the row as it was read.
+/// How a takeover of a row past its TTL ended.
+enum Expired {
+    Taken,
+    /// Another request changed the row since it was read: read it again.
+    Changed,
+    /// The effect the row links is still settling: it stays its intent's.
+    Settling,
+}
+
+/// Restarts a row past its TTL as a new intent, unless the effect it links
+/// is `settling`. One conditional update decides between racing requests:
+/// it matches only the row as it was read.
 async fn take_expired(
     client: &impl GenericClient,
     policy: Policy,
+    settling: Settling,
     claim: &Claim,
     hash: &RequestHash,
     seen_token: i64,
-) -> Result<bool, Error> {
-    let statement = client
-        .prepare_cached(
-            "UPDATE idempotency_keys
+) -> Result<Expired, Error> {
+    let guard = settling.of_key();
+    // The settling guard is the caller's SQL over `k`, in the same
+    // statement, so the database decides it on the row it updates; when the
+    // update matched nothing, `settling` says whether the guard was why.
+    let sql = format!(
+        "WITH taken AS (
+             UPDATE idempotency_keys AS k
              SET request_hash = $5, claim_token = $3,
                  lease_expires_at = now() + make_interval(secs => $6),
                  effect = NULL, response_status = NULL, response_content_type = NULL,
                  response_location = NULL, response_body = NULL, created_at = now()
-             WHERE user_id = $1 AND key = $2 AND claim_token = $4
-               AND created_at <= now() - make_interval(secs => $7)",
-        )
-        .await?;
-    let taken = client
-        .execute(
+             WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token = $4
+               AND k.created_at <= now() - make_interval(secs => $7)
+               AND NOT {guard}
+             RETURNING 1
+         )
+         SELECT EXISTS (SELECT 1 FROM taken) AS taken,
+                COALESCE((SELECT {guard} FROM idempotency_keys AS k
+                          WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token = $4),
+                         false) AS settling"
+    );
+    let statement = client.prepare_cached(&sql).await?;
+    let row = client
+        .query_one(
             &statement,
             &[
                 &claim.user_id,
@@ -291,7 +377,13 @@ async fn take_expired(
             ],
         )
         .await?;
-    Ok(taken == 1)
+    Ok(if row.try_get("taken")? {
+        Expired::Taken
+    } else if row.try_get("settling")? {
+        Expired::Settling
+    } else {
+        Expired::Changed
+    })
 }
 
 /// Takes over an in-progress row whose lease ran out; the new claim inherits

@@ -85,16 +85,25 @@ impl Engine {
         let started = Instant::now();
         let deadline = started + wait;
         let mut waited = false;
+        // How soon a poller this waiter starts reads first. A waiter woken
+        // (the lease ran out, the row went) but then turned away again (the
+        // Redis lock of the request that took over) finds the row as it
+        // left it, so the next poll would wake it at once: each such round
+        // waits twice as long, and a wait costs a few reads, not hundreds.
+        let mut first_poll = FIRST_POLL;
         loop {
-            let (begun, admitted) = self.decide(user_id, key, hash).await?;
+            let (begun, gate) = self.decide(user_id, key, hash).await?;
             let outcome = match begun {
                 Begin::InProgress if Instant::now() < deadline => {
-                    if admitted {
-                        self.gate.leave(user_id, key).await;
+                    if let Some(token) = gate {
+                        self.gate.leave(user_id, key, token).await;
+                    }
+                    if waited {
+                        first_poll = (first_poll * 2).min(POLL_CAP);
                     }
                     waited = true;
                     self.waiters
-                        .wait(&self.pool, self.policy, user_id, key, deadline)
+                        .wait(&self.pool, self.policy, user_id, key, deadline, first_poll)
                         .await;
                     continue;
                 }
@@ -103,11 +112,11 @@ impl Engine {
                     (reply, WaitOutcome::TookOver)
                 }
                 Begin::InProgress | Begin::Limited(_) => (
-                    self.decided(begun, admitted, user_id, key).await,
+                    self.decided(begun, gate, user_id, key).await,
                     WaitOutcome::TimedOut,
                 ),
                 other => (
-                    self.decided(other, admitted, user_id, key).await,
+                    self.decided(other, gate, user_id, key).await,
                     WaitOutcome::Answered,
                 ),
             };
@@ -123,7 +132,7 @@ impl Engine {
 
 impl Waiters {
     /// Sleeps until the key's row changes in a way that may end the wait,
-    /// or until `deadline`.
+    /// or until `deadline`; a poller this starts reads first after `first_poll`.
     async fn wait(
         &self,
         pool: &Pool,
@@ -131,6 +140,7 @@ impl Waiters {
         user_id: &str,
         key: &IdempotencyKey,
         deadline: Instant,
+        first_poll: Duration,
     ) {
         let id = (user_id.to_owned(), key.as_str().to_owned());
         let mut woken = {
@@ -140,7 +150,10 @@ impl Waiters {
                 None => {
                     let (sender, receiver) = watch::channel(());
                     keys.insert(id.clone(), sender.clone());
-                    tokio::spawn(self.clone().poll(pool.clone(), policy, id, sender));
+                    let poll = self
+                        .clone()
+                        .poll(pool.clone(), policy, id, sender, first_poll);
+                    tokio::spawn(poll);
                     receiver
                 }
             }
@@ -156,8 +169,9 @@ impl Waiters {
         policy: Policy,
         id: (String, String),
         sender: watch::Sender<()>,
+        first_poll: Duration,
     ) {
-        let mut delay = FIRST_POLL;
+        let mut delay = first_poll;
         loop {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(POLL_CAP);
