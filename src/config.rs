@@ -100,6 +100,9 @@ pub struct IdempotencySettings {
     /// The longest a `Prefer: wait` request waits for the holder's answer.
     pub max_wait_secs: u64,
     pub lock: LockMode,
+    /// The answer cache's size in MiB (0 = off): retries of answered keys
+    /// are answered from memory, with no database round trip.
+    pub answer_cache_mb: u64,
 }
 
 /// The per-buyer limit on new intents, per instance.

@@ -25,6 +25,7 @@ const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
 const IDEMPOTENCY_OUTCOMES: &str = "idempotency_outcomes_total";
 const IDEMPOTENCY_WAITS: &str = "idempotency_waits_total";
+const ANSWER_CACHE: &str = "idempotency_answer_cache_total";
 const IDEMPOTENCY_WAIT_DURATION: &str = "idempotency_wait_duration_seconds";
 const PAYRAIL_ATTEMPTS: &str = "payrail_attempts_total";
 const PAYRAIL_ATTEMPT_DURATION: &str = "payrail_attempt_duration_seconds";
@@ -80,6 +81,10 @@ fn describe() {
         IDEMPOTENCY_WAITS,
         "Prefer: wait requests by how their wait ended (outcome)"
     );
+    describe_counter!(
+        ANSWER_CACHE,
+        "The answer cache's hits, misses, evictions and invalidations (event)"
+    );
     describe_histogram!(
         IDEMPOTENCY_WAIT_DURATION,
         "How long Prefer: wait requests waited"
@@ -123,6 +128,9 @@ fn register_at_zero() {
     for outcome in idempotency::WaitOutcome::ALL {
         idempotency_waits(outcome).increment(0);
     }
+    for event in idempotency::CacheEvent::ALL {
+        answer_cache(event).increment(0);
+    }
     let _ = idempotency_wait_duration();
     for outcome in AttemptOutcome::ALL {
         payrail_attempts(outcome).increment(0);
@@ -148,6 +156,10 @@ fn register_at_zero() {
 
 fn idempotency_outcomes(outcome: idempotency::Outcome) -> Counter {
     counter!(IDEMPOTENCY_OUTCOMES, "outcome" => outcome.as_str())
+}
+
+fn answer_cache(event: idempotency::CacheEvent) -> Counter {
+    counter!(ANSWER_CACHE, "event" => event.as_str())
 }
 
 fn idempotency_waits(outcome: idempotency::WaitOutcome) -> Counter {
@@ -216,6 +228,11 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
 /// The engine's outcome hook.
 pub fn idempotency(outcome: idempotency::Outcome) {
     idempotency_outcomes(outcome).increment(1);
+}
+
+/// The answer cache's hook: hits, misses, evictions, invalidations.
+pub fn answer_cache_event(event: idempotency::CacheEvent) {
+    answer_cache(event).increment(1);
 }
 
 /// The engine's wait hook: how a `Prefer: wait` request's wait ended.

@@ -12,7 +12,7 @@ use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use deadpool_postgres::Pool;
 
-use idempotency::{Engine, Gate, Policy};
+use idempotency::{AnswerCache, Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::Tokens;
@@ -141,13 +141,22 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         lease: settings.idempotency.lease(),
     };
     let limit = settings.limits.limit();
+    let mut engine = Engine::new(pool.clone(), policy)
+        .with_gate(gate)
+        .with_limit(limit.clone())
+        .with_settling(orders::SETTLING)
+        .on_outcome(observe::idempotency)
+        .on_wait(observe::idempotency_wait);
+    let cache_mb = settings.idempotency.answer_cache_mb;
+    if cache_mb > 0 {
+        // The listener's own connection, outside the pool (and without the
+        // pool's session options).
+        let listen = db::pg_config(&settings.database)?;
+        let cache = AnswerCache::start(cache_mb << 20, listen, observe::answer_cache_event);
+        engine = engine.with_answer_cache(cache);
+    }
     Ok(AppState {
-        engine: Engine::new(pool.clone(), policy)
-            .with_gate(gate)
-            .with_limit(limit.clone())
-            .with_settling(orders::SETTLING)
-            .on_outcome(observe::idempotency)
-            .on_wait(observe::idempotency_wait),
+        engine,
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
         limit,
         pool,

@@ -112,7 +112,7 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
             }
         }
         KeysCommand::Stats => {
-            let stats = inspect::stats(&client, policy).await?;
+            let stats = inspect::stats_with(&client, policy, orders::SETTLING).await?;
             print(&StatsDocument::new(&stats, policy))?;
             FOUND
         }

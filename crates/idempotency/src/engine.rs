@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
+use crate::cache::{Asked, Cached};
 use crate::store::{self, Begin, Found};
 use crate::unit::{self, Committed, Fence};
 use crate::wait::{WaitOutcome, Waiters};
-use crate::{Error, Gate, IdempotencyKey, Limit, RequestHash, Settling, StoredResponse};
+use crate::{
+    AnswerCache, Error, Gate, IdempotencyKey, Limit, RequestHash, Settling, StoredResponse,
+};
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
 /// in-progress claim belongs to its request before another may take it over.
@@ -167,6 +170,7 @@ pub struct Engine {
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
     pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
     pub(crate) waiters: Waiters,
+    cache: Option<AnswerCache>,
 }
 
 impl Engine {
@@ -180,6 +184,7 @@ impl Engine {
             observe: Arc::new(|_| {}),
             observe_wait: Arc::new(|_, _| {}),
             waiters: Waiters::default(),
+            cache: None,
         }
     }
 
@@ -192,6 +197,12 @@ impl Engine {
     /// Limits the new intents of each scope (see [`Limit`]).
     pub fn with_limit(mut self, limit: Limit) -> Self {
         self.limit = Some(limit);
+        self
+    }
+
+    /// Answers retries of answered keys from `cache` (see [`AnswerCache`]).
+    pub fn with_answer_cache(mut self, cache: AnswerCache) -> Self {
+        self.cache = Some(cache);
         self
     }
 
@@ -242,14 +253,34 @@ impl Engine {
         Ok(ran.reply)
     }
 
-    /// Claims the key, or reads what it holds: through the gate when there
-    /// is one. Also says whether this request holds the gate now.
+    /// Answers from the cache, or claims the key, or reads what it holds:
+    /// through the gate when there is one.
     pub(crate) async fn decide(
         &self,
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
-    ) -> Result<(Begin, Option<i64>), Error> {
+    ) -> Result<Decision, Error> {
+        let asked = match &self.cache {
+            Some(cache) => match cache.answer(user_id, key, hash) {
+                Some(Cached::Replay(response)) => return Ok(Decision::of(Begin::Replay(response))),
+                Some(Cached::KeyReused) => return Ok(Decision::of(Begin::KeyReused)),
+                None => Some(cache.ask()),
+            },
+            None => None,
+        };
+        let learned = |begun: Begin, gate: Option<i64>, life: Duration| {
+            if let (Some(cache), Some(asked), Begin::Replay(response)) =
+                (&self.cache, asked, &begun)
+            {
+                cache.learn(asked, user_id, key, hash, response, life);
+            }
+            Decision {
+                begun,
+                gate,
+                life: asked.map(|asked| (asked, life)),
+            }
+        };
         if let Some(limit) = &self.limit {
             // Only a request about to claim a new key spends a token: the
             // row is read first, so that a retry (a replay, a 409, a 422, the
@@ -258,11 +289,11 @@ impl Engine {
             // writes nothing.
             let client = self.pool.get().await?;
             match store::find(&client, self.policy, user_id, key, hash).await? {
-                Found::Decided(begun) => return Ok((begun, None)),
-                Found::Abandoned => {}
-                Found::New => {
+                (Found::Decided(begun), life) => return Ok(learned(begun, None, life)),
+                (Found::Abandoned, _) => {}
+                (Found::New, _) => {
                     if let Err(wait) = limit.take(user_id) {
-                        return Ok((Begin::Limited(wait), None));
+                        return Ok(Decision::of(Begin::Limited(wait)));
                     }
                 }
             }
@@ -276,7 +307,7 @@ impl Engine {
             .claim_or_read(admitted, user_id, key, hash, token)
             .await;
         match (begun, admitted) {
-            (Ok(begun), admitted) => Ok((begun, admitted.then_some(token))),
+            (Ok((begun, life)), admitted) => Ok(learned(begun, admitted.then_some(token), life)),
             (Err(error), true) => {
                 // Nobody works on the key: a lock left behind would turn its
                 // retries away for the lease, where the table would let them claim.
@@ -288,7 +319,7 @@ impl Engine {
     }
 
     /// Claims the key with `token` when the gate let this request in, else
-    /// only reads what it holds.
+    /// only reads what it holds; and how long the key has to live.
     async fn claim_or_read(
         &self,
         admitted: bool,
@@ -296,13 +327,14 @@ impl Engine {
         key: &IdempotencyKey,
         hash: &RequestHash,
         token: i64,
-    ) -> Result<Begin, Error> {
+    ) -> Result<(Begin, Duration), Error> {
         let client = self.pool.get().await?;
         if admitted {
             let settling = self.settling;
             store::claim(&client, self.policy, settling, user_id, key, hash, token).await
         } else {
-            store::current(&client, self.policy, user_id, key, hash).await
+            let (begun, life) = store::look(&client, self.policy, user_id, key, hash).await?;
+            Ok((begun.unwrap_or(Begin::InProgress), life))
         }
     }
 
@@ -322,11 +354,14 @@ impl Engine {
         reply(begun)
     }
 
-    /// Does the work of a claim and stores its answer.
+    /// Does the work of a claim and stores its answer; the answer cache
+    /// keeps it for the `life` its key had when claimed, and the waiters of
+    /// the key in this process are woken to it.
     pub(crate) async fn work<W, Fut, E>(
         &self,
         claim: Claim,
         hash: &RequestHash,
+        life: Option<(Asked, Duration)>,
         work: W,
     ) -> Result<Reply, RunError<E>>
     where
@@ -350,6 +385,12 @@ impl Engine {
         self.gate
             .leave(&claim.user_id, &claim.key, claim.token)
             .await;
+        if let Ok(Reply::First(response)) = &answer {
+            if let (Some(cache), Some((asked, life))) = (&self.cache, life) {
+                cache.learn(asked, &claim.user_id, &claim.key, hash, response, life);
+            }
+            self.waiters.wake(&claim.user_id, &claim.key);
+        }
         answer
     }
 
@@ -362,7 +403,8 @@ impl Engine {
     ) -> Result<Begin, Error> {
         let client = self.pool.get().await?;
         let (policy, settling, token) = (self.policy, self.settling, store::new_token());
-        store::claim(&client, policy, settling, user_id, key, hash, token).await
+        let (begun, _) = store::claim(&client, policy, settling, user_id, key, hash, token).await?;
+        Ok(begun)
     }
 
     async fn store<E>(
@@ -397,6 +439,25 @@ impl Engine {
         };
         if let Err(error) = released {
             tracing::warn!(%error, "could not release an idempotency key");
+        }
+    }
+}
+
+/// What `decide` found: the key's answer or claim, the claim token of the
+/// gate's lock when this request holds it, and, for the answer cache, when
+/// the statement was sent and how long the key then had left at most.
+pub(crate) struct Decision {
+    pub begun: Begin,
+    pub gate: Option<i64>,
+    pub life: Option<(Asked, Duration)>,
+}
+
+impl Decision {
+    fn of(begun: Begin) -> Self {
+        Self {
+            begun,
+            gate: None,
+            life: None,
         }
     }
 }

@@ -10,13 +10,15 @@
 //! retry of the same click make a second effect: [`purge`] refuses both, and
 //! the database decides it, not the caller: the `DELETE` re-checks all of it.
 //!
-//! Every statement that touches one key names `user_id` and `key`.
+//! Every statement that touches one key names `user_id` and `key`. A purge
+//! notifies every instance's answer cache in its transaction.
 
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
+use crate::cache::{payload, CHANNEL};
 use crate::store::stored_response;
 use crate::{Error, IdempotencyKey, Policy, StoredResponse};
 
@@ -209,6 +211,12 @@ pub async fn purge(
            AND NOT {guard}"
     );
     if tx.execute(&delete, &params).await? == 1 {
+        // Every instance's answer cache drops the key when this commits.
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&CHANNEL, &payload(user_id, key.as_str())],
+        )
+        .await?;
         tx.commit().await?;
         return Ok(Purge::Purged(report));
     }
@@ -251,20 +259,34 @@ impl Stats {
 /// Counts the rows by state, and what the table weighs. It reads the whole
 /// table: a tool's query, not one to run on every request.
 pub async fn stats(client: &impl GenericClient, policy: Policy) -> Result<Stats, Error> {
-    // `cleanup_due` is the cleanup's own condition (`cleanup::delete_expired`).
+    stats_with(client, policy, Settling::NEVER).await
+}
+
+/// [`stats`], for a cleanup that keeps the keys whose effect is `settling`
+/// ([`Cleanup::with_settling`](crate::Cleanup::with_settling)).
+pub async fn stats_with(
+    client: &impl GenericClient,
+    policy: Policy,
+    settling: Settling,
+) -> Result<Stats, Error> {
+    // `cleanup_due` is the cleanup's own condition (`cleanup::delete_slice`).
+    let guard = settling.of_key();
     let row = client
         .query_one(
-            "SELECT
+            &format!(
+                "SELECT
                  count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
                                     AND response_status IS NULL) AS in_progress,
                  count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
                                     AND response_status IS NOT NULL) AS answered,
                  count(*) FILTER (WHERE created_at <= now() - make_interval(secs => $1)) AS expired,
-                 count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1)) AS cleanup_due,
+                 count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1)
+                                    AND NOT {guard}) AS cleanup_due,
                  extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_secs,
                  pg_table_size('idempotency_keys'::regclass) AS table_bytes,
                  pg_indexes_size('idempotency_keys'::regclass) AS index_bytes
-             FROM idempotency_keys",
+             FROM idempotency_keys AS k"
+            ),
             &[&ttl_secs(policy)],
         )
         .await?;

@@ -125,6 +125,7 @@
 
 #[cfg(feature = "actix")]
 pub mod actix;
+mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
 pub mod cleanup; // batched deletion of expired keys
 mod engine; // the flow of a keyed request
 mod error;
@@ -140,6 +141,7 @@ pub mod store; // the claim side of the key table
 mod unit; // the atomic step: effect and key state in one transaction
 mod wait; // waiting for another request's answer
 
+pub use cache::{AnswerCache, CacheEvent, CHANNEL as ANSWER_CHANNEL};
 pub use cleanup::Cleanup;
 pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunError};
 pub use error::{is_unavailable, Error};

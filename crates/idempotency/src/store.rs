@@ -8,6 +8,8 @@
 //! Every statement names `user_id`, so each one touches one shard of a table
 //! distributed by it.
 
+use std::time::Duration;
+
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -44,7 +46,7 @@ pub async fn begin(
     key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<Begin, Error> {
-    claim(
+    let begun = claim(
         client,
         policy,
         Settling::NEVER,
@@ -53,11 +55,15 @@ pub async fn begin(
         hash,
         new_token(),
     )
-    .await
+    .await?;
+    Ok(begun.0)
 }
 
 /// [`begin`] with the claim's token chosen by the caller (the Redis gate's
 /// lock holds it too), keeping a key past its TTL whose effect is `settling`.
+/// Also says how long the key has to live, by the database's clock, at the
+/// latest as of when the statement was sent: a new or restarted key the
+/// whole TTL, a replayed or taken-over one what its row has left.
 pub(crate) async fn claim(
     client: &impl GenericClient,
     policy: Policy,
@@ -66,7 +72,7 @@ pub(crate) async fn claim(
     key: &IdempotencyKey,
     hash: &RequestHash,
     token: i64,
-) -> Result<Begin, Error> {
+) -> Result<(Begin, Duration), Error> {
     let mut claim = Claim {
         user_id: user_id.to_owned(),
         key: key.clone(),
@@ -101,7 +107,9 @@ pub(crate) async fn claim(
                         k.request_hash, k.claim_token, k.response_status,
                         k.response_content_type, k.response_location, k.response_body,
                         k.created_at <= now() - make_interval(secs => $6) AS expired,
-                        k.lease_expires_at <= now() AS lease_over
+                        k.lease_expires_at <= now() AS lease_over,
+                        extract(epoch FROM k.created_at + make_interval(secs => $6) - now())::float8
+                            AS life_secs
                  FROM (VALUES (1)) AS one (x)
                  LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2",
             )
@@ -120,7 +128,7 @@ pub(crate) async fn claim(
             )
             .await?;
         if row.try_get("won")? {
-            return Ok(Begin::Claimed(claim));
+            return Ok((Begin::Claimed(claim), policy.ttl));
         }
         let Some(row) = KeyRow::from_row(&row)? else {
             continue;
@@ -133,29 +141,29 @@ pub(crate) async fn claim(
             match take_expired(client, policy, settling, &claim, hash, row.token).await? {
                 Expired::Taken => {
                     claim.kind = ClaimKind::Expired;
-                    return Ok(Begin::Claimed(claim));
+                    return Ok((Begin::Claimed(claim), policy.ttl));
                 }
                 Expired::Changed => continue,
                 Expired::Settling => {}
             }
         }
         if row.hash != hash.as_bytes() {
-            return Ok(Begin::KeyReused);
+            return Ok((Begin::KeyReused, row.life));
         }
         if let Some(response) = row.response {
-            return Ok(Begin::Replay(response));
+            return Ok((Begin::Replay(response), row.life));
         }
         if !row.lease_over {
-            return Ok(Begin::InProgress);
+            return Ok((Begin::InProgress, row.life));
         }
         // The holder's lease ran out (it crashed or stalled): finish its intent.
         if let Some(effect) = take_abandoned(client, policy, &claim, row.token).await? {
             claim.effect = effect;
             claim.kind = ClaimKind::Abandoned;
-            return Ok(Begin::Claimed(claim));
+            return Ok((Begin::Claimed(claim), row.life));
         }
     }
-    Ok(Begin::InProgress)
+    Ok((Begin::InProgress, Duration::ZERO))
 }
 
 /// What a request finds in the key row before it claims anything.
@@ -176,8 +184,10 @@ pub(crate) async fn find(
     user_id: &str,
     key: &IdempotencyKey,
     hash: &RequestHash,
-) -> Result<Found, Error> {
-    Ok(match read(client, policy, user_id, key.as_str()).await? {
+) -> Result<(Found, Duration), Error> {
+    let row = read(client, policy, user_id, key.as_str()).await?;
+    let life = row.as_ref().map_or(Duration::ZERO, |row| row.life);
+    let found = match row {
         None | Some(KeyRow { expired: true, .. }) => Found::New,
         Some(row) if row.hash != hash.as_bytes() => Found::Decided(Begin::KeyReused),
         Some(KeyRow {
@@ -188,7 +198,8 @@ pub(crate) async fn find(
             lease_over: true, ..
         }) => Found::Abandoned,
         Some(_) => Found::Decided(Begin::InProgress),
-    })
+    };
+    Ok((found, life))
 }
 
 /// What the key row says now, without claiming anything: for a request
@@ -215,7 +226,20 @@ pub async fn existing(
     key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<Option<Begin>, Error> {
-    Ok(match read(client, policy, user_id, key.as_str()).await? {
+    Ok(look(client, policy, user_id, key, hash).await?.0)
+}
+
+/// [`existing`], and how long the key has left to live (see [`claim`]).
+pub(crate) async fn look(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<(Option<Begin>, Duration), Error> {
+    let row = read(client, policy, user_id, key.as_str()).await?;
+    let life = row.as_ref().map_or(Duration::ZERO, |row| row.life);
+    let begun = match row {
         None | Some(KeyRow { expired: true, .. }) => None,
         Some(row) if row.hash != hash.as_bytes() => Some(Begin::KeyReused),
         Some(KeyRow {
@@ -223,7 +247,8 @@ pub async fn existing(
             ..
         }) => Some(Begin::Replay(response)),
         Some(_) => Some(Begin::InProgress),
-    })
+    };
+    Ok((begun, life))
 }
 
 /// Gives the key back after a failure that left nothing durable behind (no
@@ -253,6 +278,8 @@ pub(crate) struct KeyRow {
     pub response: Option<StoredResponse>,
     pub expired: bool,
     pub lease_over: bool,
+    /// How long until it expires (zero once it has).
+    pub life: Duration,
 }
 
 impl KeyRow {
@@ -267,6 +294,7 @@ impl KeyRow {
             response: stored_response(row)?,
             expired: row.try_get("expired")?,
             lease_over: row.try_get("lease_over")?,
+            life: Duration::try_from_secs_f64(row.try_get("life_secs")?).unwrap_or_default(),
         }))
     }
 }
@@ -301,7 +329,9 @@ pub(crate) async fn read(
             "SELECT request_hash, claim_token, response_status,
                     response_content_type, response_location, response_body,
                     created_at <= now() - make_interval(secs => $3) AS expired,
-                    lease_expires_at <= now() AS lease_over
+                    lease_expires_at <= now() AS lease_over,
+                    extract(epoch FROM created_at + make_interval(secs => $3) - now())::float8
+                        AS life_secs
              FROM idempotency_keys
              WHERE user_id = $1 AND key = $2",
         )

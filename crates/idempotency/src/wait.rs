@@ -16,6 +16,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::engine::Decision;
 use crate::store::{self, Begin};
 use crate::{Claim, Done, Engine, IdempotencyKey, Policy, Reply, RequestHash, RunError};
 
@@ -92,7 +93,7 @@ impl Engine {
         // waits twice as long, and a wait costs a few reads, not hundreds.
         let mut first_poll = FIRST_POLL;
         loop {
-            let (begun, gate) = self.decide(user_id, key, hash).await?;
+            let Decision { begun, gate, life } = self.decide(user_id, key, hash).await?;
             let outcome = match begun {
                 Begin::InProgress if Instant::now() < deadline => {
                     if let Some(token) = gate {
@@ -108,7 +109,7 @@ impl Engine {
                     continue;
                 }
                 Begin::Claimed(claim) => {
-                    let reply = self.work(claim, hash, work).await?;
+                    let reply = self.work(claim, hash, life, work).await?;
                     (reply, WaitOutcome::TookOver)
                 }
                 Begin::InProgress | Begin::Limited(_) => (
@@ -159,6 +160,14 @@ impl Waiters {
             }
         };
         let _ = tokio::time::timeout_at(deadline, woken.changed()).await;
+    }
+
+    /// Wakes the waiters of a key at once: its answer was stored here.
+    pub(crate) fn wake(&self, user_id: &str, key: &IdempotencyKey) {
+        let keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = keys.get(&(user_id.to_owned(), key.as_str().to_owned())) {
+            sender.send_replace(());
+        }
     }
 
     /// The one poller of a key in this process: ends when the row is
