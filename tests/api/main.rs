@@ -1,6 +1,7 @@
 //! Black-box tests of the API against a real PostgreSQL (a database per test)
 //! and a real Payrail sandbox over HTTP.
 
+mod answer_cache;
 mod auth;
 mod bad_input;
 mod bad_night;
