@@ -24,7 +24,7 @@ enum Rule {
 }
 
 const TARGETS: &[(&str, Rule)] = &[
-    ("replay_ratio", Rule::Min(0.8)),
+    ("replay_ratio", Rule::Min(1.5)),
     ("commits_per_order", Rule::Max(3.0)),
     ("statements_per_order", Rule::Max(6.0)),
     ("idempotency_ratio", Rule::Min(0.85)),
@@ -49,6 +49,8 @@ const ORDER: &[&str] = &[
     "replay_rps",
     "replay_p99_ms",
     "replay_ratio",
+    "replay_rps_no_cache",
+    "replay_ratio_no_cache",
     "bare_claim_rps",
     "replay_ratio_same_statement",
     "order_rps",

@@ -360,7 +360,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     // The replay beside each baseline in turn: the bare SELECT bounds a
     // one-query request; the bare server running the replay's own statement
     // tells the statement's cost from the HTTP stack's.
-    let beside = async |query: BareQuery, name: &str| {
+    let beside = async |query: BareQuery, name: &str, service: &str| {
         let replayed = Replayed {
             user_id: fixtures::name(buyer),
             key: IdempotencyKey::parse(key.as_bytes()).expect("a valid key"),
@@ -373,7 +373,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
             SEGMENT_WARMUP,
             bench.profile.segment,
             send_to(format!("{}/bare", bare.url), 200, false),
-            send_to(format!("{}/orders", app.url), 201, true),
+            send_to(format!("{service}/orders"), 201, true),
         )
         .await;
         bare.stop().await;
@@ -383,14 +383,30 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
         println!("    {}", replay_stats.cpu_summary());
         (bare_stats, replay_stats)
     };
-    let (bare_stats, replay_stats) = beside(BareQuery::Select, "bare SELECT").await;
-    let (claim_stats, replay_again) = beside(BareQuery::Claim, "bare store::begin").await;
+    let (bare_stats, replay_stats) = beside(BareQuery::Select, "bare SELECT", &app.url).await;
+    let (claim_stats, replay_again) = beside(BareQuery::Claim, "bare store::begin", &app.url).await;
+    // The same replay on an instance without the answer cache: every replay
+    // is the key statement's round trip to PostgreSQL.
+    println!("  the same on an instance with idempotency.answer_cache_mb = 0:");
+    let mut uncached = bench.settings(LockMode::Table);
+    uncached.idempotency.answer_cache_mb = 0;
+    let uncached = servers::RunningApp::start(uncached).await;
+    let (bare_again, replay_uncached) =
+        beside(BareQuery::Select, "bare SELECT", &uncached.url).await;
+    uncached.stop().await;
     bench.report.set("bare_select_rps", bare_stats.rps());
     bench.report.set("replay_rps", replay_stats.rps());
     bench.report.set("replay_p99_ms", replay_stats.p99_ms());
     bench
         .report
         .set("replay_ratio", replay_stats.rps() / bare_stats.rps());
+    bench
+        .report
+        .set("replay_rps_no_cache", replay_uncached.rps());
+    bench.report.set(
+        "replay_ratio_no_cache",
+        replay_uncached.rps() / bare_again.rps(),
+    );
     bench.report.set("bare_claim_rps", claim_stats.rps());
     bench.report.set(
         "replay_ratio_same_statement",

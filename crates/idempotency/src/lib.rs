@@ -26,9 +26,12 @@
 //! - **Waiting** ([`Engine::run_waiting`]): a request that finds its key in
 //!   progress may wait for the holder's answer, on any instance, holding no
 //!   connection while it waits.
-//! - **A limit on new intents** ([`Limit`], optional): past a scope's token
-//!   bucket a request that would claim a new key is refused and writes
-//!   nothing; one whose key exists is answered from the row.
+//! - **A limit on new intents** ([`Limit`], optional): a token is spent only
+//!   by a request about to claim a new key; past a scope's bucket such a
+//!   request is refused and writes nothing; a retry is never limited.
+//! - **Answers from memory** ([`AnswerCache`], optional): a retry of an
+//!   answered key is answered from this instance's memory, with no pooled
+//!   connection; a purge reaches every instance over `LISTEN/NOTIFY`.
 //!
 //! # What it asks of the caller
 //! - Run [`migrate`] on the database (it owns the table `idempotency_keys`).
