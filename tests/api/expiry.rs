@@ -130,3 +130,41 @@ async fn the_cleanup_command_prints_how_many_rows_went() {
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "42");
     assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 0);
 }
+
+/// A click whose payment is still undecided when its key's TTL runs out
+/// keeps its key: the cleanup leaves it, and a retry finishes that click
+/// (the same order, the same Payrail key) instead of starting a new one that
+/// would find its own hold taken.
+#[tokio::test]
+async fn a_click_still_settling_past_the_ttl_keeps_its_key_and_its_order() {
+    let app = spawn_app_with(|s| {
+        s.payrail.timeout_ms = 300;
+        s.payrail.max_attempts = 1;
+        s.idempotency.ttl_secs = 2;
+        s.idempotency.lease_secs = 1;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let key = new_key();
+    let timed_out = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_slow").await).await;
+    assert_eq!(timed_out.status, 504, "{:?}", timed_out.slug);
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+
+    let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
+    let cleanup = Cleanup::new(pool, app.settings.idempotency.ttl());
+    assert_eq!(cleanup.run().await.unwrap(), Outcome::Deleted(0));
+    let linked = "SELECT count(*) FROM idempotency_keys WHERE effect IS NOT NULL";
+    assert_eq!(app.count(linked).await, 1, "the settling key stays, linked");
+
+    let retry = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_slow").await).await;
+    assert_ne!(
+        retry.slug.as_deref(),
+        Some("hold-unavailable"),
+        "the retry resumes its own order"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(app.count(linked).await, 1);
+    assert!(app.charges().await.len() <= 1);
+    assert_invariants(&app).await;
+}
