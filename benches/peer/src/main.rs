@@ -14,14 +14,19 @@ async fn hold(body: web::Bytes) -> HttpResponse {
     HttpResponse::Created()
         .content_type("application/json")
         .insert_header(("Location", "/holds/1"))
-        .body(format!("{{\"hold_id\":1,\"request_bytes\":{}}}", body.len()))
+        .body(format!(
+            "{{\"hold_id\":1,\"request_bytes\":{}}}",
+            body.len()
+        ))
 }
 
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let redis = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let redis = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let pool = deadpool_redis::Config::from_url(redis)
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .map_err(std::io::Error::other)?;
