@@ -50,6 +50,7 @@ pub struct PayrailEvents {
     params(("Payrail-Signature" = String, Header,
         description = "`t=<unix seconds>,v1=<hex HMAC-SHA256>`, within \
             `payrail.webhook_tolerance_secs` of now")),
+    security(),
     request_body(content = String, content_type = "application/json",
         description = "The event: `{\"id\": \"evt_…\", \"type\", \"created\", \"data\": \
             {\"charge\": {\"id\", \"status\", \"amount_cents\", \"currency\", \"reference\", \
