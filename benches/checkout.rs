@@ -10,7 +10,7 @@
 //! `--quick` runs every scenario briefly (CI); the default runs them long
 //! enough to trust. Naming scenarios runs only those (figures that need a
 //! missing one are left out): orders, replay, mirror, storm, payrail, redis,
-//! keyrows, cleanup, rss.
+//! keyrows, cleanup, rss, lost_answers.
 //!
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
@@ -25,6 +25,8 @@ mod cpu;
 mod fixtures;
 #[path = "checkout/load.rs"]
 mod load;
+#[path = "checkout/lost_answers.rs"]
+mod lost_answers;
 #[path = "checkout/postgres.rs"]
 mod postgres;
 #[path = "checkout/report.rs"]
@@ -102,6 +104,7 @@ pub const SCENARIOS: &[&str] = &[
     "keyrows",
     "cleanup",
     "rss",
+    "lost_answers",
     "shards",
 ];
 
@@ -276,6 +279,9 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         shards::per_click(&mut bench, &app).await;
     }
     app.stop().await;
+    if wants("lost_answers") {
+        lost_answers::lost_answers(&mut bench).await;
+    }
     if wants("rss") {
         capacity::rss(&mut bench).await;
     }

@@ -81,6 +81,11 @@ pub struct PayrailSettings {
     /// Consecutive failed attempts that open the circuit breaker.
     pub breaker_failures: u32,
     pub breaker_open_secs: u64,
+    /// The secret Payrail signs its events with; empty = `POST
+    /// /payrail/events` is 404 and reconciliation alone settles.
+    pub webhook_secret: SecretString,
+    /// How far an event's signature timestamp may be from now.
+    pub webhook_tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -124,6 +129,9 @@ pub struct ReconcileSettings {
     pub interval_secs: u64,
     /// How old a `payment_pending` order must be before reconciliation touches it.
     pub grace_secs: u64,
+    /// How long after its first attempt an undecided order is canceled at
+    /// Payrail and then `failed`.
+    pub give_up_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -204,6 +212,13 @@ impl Settings {
         if secret.len() < 16 {
             return invalid("auth.jwt_secret", "must be at least 16 bytes");
         }
+        let webhook_secret = self.payrail.webhook_secret.expose_secret();
+        if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
+            return invalid(
+                "payrail.webhook_secret",
+                "must be at least 32 bytes in production (anyone who guesses it can settle orders)",
+            );
+        }
         if self.payrail.base_url.is_empty() && !self.payrail.sandbox {
             return invalid(
                 "payrail.base_url",
@@ -266,6 +281,9 @@ impl PayrailSettings {
     pub fn breaker_open(&self) -> Duration {
         Duration::from_secs(self.breaker_open_secs)
     }
+    pub fn webhook_tolerance(&self) -> Duration {
+        Duration::from_secs(self.webhook_tolerance_secs)
+    }
 }
 
 impl IdempotencySettings {
@@ -298,6 +316,9 @@ impl ReconcileSettings {
     }
     pub fn grace(&self) -> Duration {
         Duration::from_secs(self.grace_secs)
+    }
+    pub fn give_up(&self) -> Duration {
+        Duration::from_secs(self.give_up_secs)
     }
 }
 
@@ -341,6 +362,19 @@ mod tests {
         settings.payrail.sandbox = true;
         let err = settings.validate().unwrap_err();
         assert!(err.to_string().contains("payrail.sandbox"), "{err}");
+    }
+
+    #[test]
+    fn production_refuses_a_short_webhook_secret() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        settings.environment = "production".into();
+        settings.payrail.sandbox = false;
+        settings.payrail.base_url = "https://payrail.example".into();
+        settings.payrail.webhook_secret = SecretString::from("x".repeat(31));
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("payrail.webhook_secret"), "{err}");
+        settings.payrail.webhook_secret = SecretString::from("x".repeat(32));
+        assert!(settings.validate().is_ok());
     }
 
     #[test]

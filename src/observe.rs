@@ -18,8 +18,9 @@ use metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::checkout::orders::EventResult;
 use crate::jobs::{cleanup, reconcile};
-use crate::payrail::AttemptOutcome;
+use crate::payrail::{AttemptOutcome, EventKind};
 
 const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
@@ -31,6 +32,8 @@ const PAYRAIL_ATTEMPTS: &str = "payrail_attempts_total";
 const PAYRAIL_ATTEMPT_DURATION: &str = "payrail_attempt_duration_seconds";
 const PAYRAIL_BREAKER_OPEN: &str = "payrail_breaker_open";
 const PAYRAIL_BREAKER_REJECTIONS: &str = "payrail_breaker_rejections_total";
+const PAYRAIL_EVENTS: &str = "payrail_events_total";
+const PAYRAIL_EVENT_AGE: &str = "payrail_event_age_seconds";
 const RECONCILE_RUNS: &str = "reconcile_runs_total";
 const RECONCILE_ORDERS: &str = "reconcile_orders_total";
 const ORDERS_PENDING: &str = "orders_pending";
@@ -100,6 +103,14 @@ fn describe() {
         "Charges refused by the open breaker"
     );
     describe_counter!(
+        PAYRAIL_EVENTS,
+        "Payrail events received, by type and result (bad_signature: refused, nothing written)"
+    );
+    describe_histogram!(
+        PAYRAIL_EVENT_AGE,
+        "Seconds from Payrail's decision (the event's created) to the event settling its order"
+    );
+    describe_counter!(
         RECONCILE_RUNS,
         "Reconciliation runs by result (failed: the run could not claim its batch)"
     );
@@ -138,6 +149,12 @@ fn register_at_zero() {
     let _ = payrail_attempt_duration();
     payrail_breaker_open().increment(0.0);
     payrail_breaker_rejections().increment(0);
+    for kind in EventKind::ALL {
+        for result in EventResult::ALL {
+            payrail_events(kind, result).increment(0);
+        }
+    }
+    let _ = payrail_event_age();
     for result in reconcile::RunResult::ALL {
         reconcile_runs(result).increment(0);
     }
@@ -184,6 +201,14 @@ fn payrail_breaker_open() -> Gauge {
 
 fn payrail_breaker_rejections() -> Counter {
     counter!(PAYRAIL_BREAKER_REJECTIONS)
+}
+
+fn payrail_events(kind: EventKind, result: EventResult) -> Counter {
+    counter!(PAYRAIL_EVENTS, "type" => kind.as_str(), "result" => result.as_str())
+}
+
+fn payrail_event_age() -> Histogram {
+    histogram!(PAYRAIL_EVENT_AGE)
 }
 
 fn reconcile_runs(result: reconcile::RunResult) -> Counter {
@@ -254,10 +279,20 @@ pub fn breaker_rejected() {
     payrail_breaker_rejections().increment(1);
 }
 
-pub fn reconcile_run(result: reconcile::RunResult, settled: usize, failed: usize) {
+pub fn reconcile_run(result: reconcile::RunResult, orders: &[reconcile::OrderResult]) {
     reconcile_runs(result).increment(1);
-    reconcile_orders(reconcile::OrderResult::Settled).increment(settled as u64);
-    reconcile_orders(reconcile::OrderResult::Failed).increment(failed as u64);
+    for order in orders {
+        reconcile_orders(*order).increment(1);
+    }
+}
+
+pub fn payrail_event(kind: EventKind, result: EventResult) {
+    payrail_events(kind, result).increment(1);
+}
+
+/// How long after Payrail decided an applied event took effect.
+pub fn payrail_event_applied_age(secs: f64) {
+    payrail_event_age().record(secs.max(0.0));
 }
 
 pub fn orders_pending(count: i64) {

@@ -19,6 +19,7 @@ use crate::auth::Tokens;
 use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
+use crate::http::payrail_events::PayrailEvents;
 use crate::http::{self, AppState};
 use crate::jobs::Jobs;
 use crate::payrail;
@@ -53,10 +54,17 @@ impl Application {
             );
         }
 
+        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port))
+            .with_context(|| {
+                format!(
+                    "binding {}:{} (server.host / server.port)",
+                    settings.server.host, settings.server.port
+                )
+            })?;
+        let address = listener.local_addr()?;
+        let port = address.port();
         let sandbox = if settings.payrail.sandbox && settings.payrail.base_url.is_empty() {
-            Some(EmbeddedSandbox::start(
-                settings.payrail.api_key.expose_secret(),
-            )?)
+            Some(EmbeddedSandbox::start(&settings, address)?)
         } else {
             None
         };
@@ -66,14 +74,6 @@ impl Application {
         );
         let state = web::Data::new(state(&settings, pool.clone(), &payrail_url).await?);
         let (orders, limit) = (state.orders.clone(), state.limit.clone());
-        let listener = TcpListener::bind((settings.server.host.as_str(), settings.server.port))
-            .with_context(|| {
-                format!(
-                    "binding {}:{} (server.host / server.port)",
-                    settings.server.host, settings.server.port
-                )
-            })?;
-        let port = listener.local_addr()?.port();
         let cors_origins = settings.http.cors_origins.clone();
         let mut server = HttpServer::new(move || {
             App::new()
@@ -161,6 +161,14 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         let cache = AnswerCache::start(cache_mb << 20, listen, observe::answer_cache_event);
         engine = engine.with_answer_cache(cache);
     }
+    let webhook_secret = &settings.payrail.webhook_secret;
+    let events = (!webhook_secret.expose_secret().is_empty()).then(|| PayrailEvents {
+        verifier: payrail::Verifier::new(
+            webhook_secret.clone(),
+            settings.payrail.webhook_tolerance(),
+        ),
+        engine: Engine::new(pool.clone(), policy),
+    });
     Ok(AppState {
         engine,
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
@@ -170,6 +178,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         max_wait_secs: settings.idempotency.max_wait_secs,
         hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
         max_body_bytes: settings.http.max_body_bytes,
+        events,
     })
 }
 
@@ -193,16 +202,32 @@ pub async fn prepare_database(settings: &Settings) -> anyhow::Result<()> {
 }
 
 /// The Payrail sandbox `serve` embeds for local runs (`payrail.sandbox` with
-/// no `payrail.base_url`). A build without the `sandbox` feature (the
-/// container's) cannot embed one and says so.
+/// no `payrail.base_url`). With `payrail.webhook_secret` set it sends its
+/// events to this instance (`service`, its bound address), so a lost answer
+/// settles by its event out of the box. A build without the `sandbox`
+/// feature (the container's) cannot embed one and says so.
 #[cfg(feature = "sandbox")]
 struct EmbeddedSandbox(payrail_sandbox::Sandbox);
 
 #[cfg(feature = "sandbox")]
 impl EmbeddedSandbox {
-    fn start(api_key: &str) -> anyhow::Result<Self> {
+    fn start(settings: &Settings, service: std::net::SocketAddr) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
-        let sandbox = payrail_sandbox::Sandbox::start(listener, api_key.to_owned())?;
+        let secret = settings.payrail.webhook_secret.expose_secret();
+        let webhook = (!secret.is_empty()).then(|| {
+            // An instance bound to every address is reached on loopback.
+            let host = match service.ip() {
+                ip if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+                ip => ip,
+            };
+            let service = std::net::SocketAddr::new(host, service.port());
+            payrail_sandbox::Webhook {
+                url: format!("http://{service}/payrail/events"),
+                secret: secret.to_owned(),
+            }
+        });
+        let api_key = settings.payrail.api_key.expose_secret().to_owned();
+        let sandbox = payrail_sandbox::Sandbox::start_with(listener, api_key, webhook)?;
         tracing::info!(url = %sandbox.base_url(), "embedded payrail sandbox started");
         Ok(Self(sandbox))
     }
@@ -221,7 +246,7 @@ enum EmbeddedSandbox {}
 
 #[cfg(not(feature = "sandbox"))]
 impl EmbeddedSandbox {
-    fn start(_api_key: &str) -> anyhow::Result<Self> {
+    fn start(_settings: &Settings, _service: std::net::SocketAddr) -> anyhow::Result<Self> {
         anyhow::bail!(
             "configuration key `payrail.sandbox`: this build has no embedded sandbox \
              (built without the `sandbox` feature); set payrail.base_url"

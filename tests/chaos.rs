@@ -50,7 +50,7 @@ use stagedoor_checkout::config::Settings;
 use test_support::db::connect;
 use test_support::{invariants, sandbox, Rng};
 
-use cluster::{SandboxProcess, Services, Store, API_KEY};
+use cluster::{SandboxProcess, Services, Store, API_KEY, WEBHOOK_SECRET};
 use load::{buyer_name, Click, Seats, Shop};
 use monkey::{FaultSchedule, KillSchedule, Monkey};
 
@@ -172,6 +172,7 @@ fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, 
         ("STAGEDOOR__PAYRAIL__SANDBOX", "false"),
         ("STAGEDOOR__PAYRAIL__BASE_URL", sandbox),
         ("STAGEDOOR__PAYRAIL__API_KEY", API_KEY),
+        ("STAGEDOOR__PAYRAIL__WEBHOOK_SECRET", WEBHOOK_SECRET),
         (
             "STAGEDOOR__PAYRAIL__TIMEOUT_MS",
             &PAYRAIL_TIMEOUT_MS.to_string(),
@@ -222,9 +223,14 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     );
     drop(admin);
 
-    let sandbox = SandboxProcess::spawn(scratch).await;
-    let env = service_env(store, &sandbox.url, profile);
+    // The sandbox's port first: the services are told it, and it is told
+    // where to send its events (the first instance, killed now and then
+    // like the others, so events are retried until it is back).
+    let sandbox_port = test_support::process::free_port();
+    let env = service_env(store, &format!("http://127.0.0.1:{sandbox_port}"), profile);
     let services = Arc::new(Services::new(scratch, profile.instances, env));
+    let events_url = format!("{}/payrail/events", services.urls[0]);
+    let sandbox = SandboxProcess::spawn(scratch, sandbox_port, &events_url).await;
     services.admin(&["migrate"]).await;
     store.lay_out().await;
     // `seed` makes at most 100,000 seats per event.
@@ -372,6 +378,21 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
             "order {order_id} of {user}/{key} still payment_pending after settling \
              ({attempts} reconcile attempts)"
         ));
+    }
+    // Every charge Payrail decided ended its order (by the service's own
+    // answer, an event or reconciliation), whatever the events went through.
+    let status_of: std::collections::HashMap<&str, &str> = orders
+        .values()
+        .map(|o| (o.order_id.as_str(), o.status.as_str()))
+        .collect();
+    for charge in &ledger {
+        let reference = charge["reference"].as_str().unwrap_or_default();
+        if status_of
+            .get(reference)
+            .is_none_or(|status| *status == "payment_pending")
+        {
+            violations.push(format!("decided charge {charge} did not settle its order"));
+        }
     }
     violations.extend(
         monkey

@@ -41,6 +41,7 @@ const TARGETS: &[(&str, Rule)] = &[
     ("cleanup_order_p99_ratio", Rule::Max(1.5)),
     ("key_row_bytes", Rule::MaxPlus(300.0, "key_body_bytes")),
     ("rss_mb_peak", Rule::Max(150.0)),
+    ("lost_answer_p99_ms_events", Rule::Max(1000.0)),
 ];
 
 /// Every figure, in the order the table shows them.
@@ -90,6 +91,12 @@ const ORDER: &[&str] = &[
     "key_row_bytes",
     "key_body_bytes",
     "rss_mb_peak",
+    "lost_answer_p50_ms_events",
+    "lost_answer_p99_ms_events",
+    "lost_answer_unsettled_events",
+    "lost_answer_p50_ms_reconcile",
+    "lost_answer_p99_ms_reconcile",
+    "lost_answer_unsettled_reconcile",
 ];
 
 impl Report {

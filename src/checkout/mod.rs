@@ -32,6 +32,10 @@ pub enum CheckoutError {
     /// Payrail could not be asked, or did not answer: not an outcome.
     #[error(transparent)]
     Payment(#[from] PaymentError),
+    /// The order is being canceled at Payrail (it was undecided too long):
+    /// no charge answer settles it any more, only the cancel's confirmation.
+    #[error("the payment is being canceled")]
+    Canceling,
     #[error(transparent)]
     Db(#[from] DbError),
     /// The store contradicts itself (a linked order that is missing).

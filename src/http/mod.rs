@@ -12,6 +12,7 @@ mod idempotent;
 pub mod metrics;
 pub mod openapi;
 mod orders;
+pub mod payrail_events;
 pub mod problem;
 mod seats;
 
@@ -46,6 +47,8 @@ pub struct AppState {
     pub max_wait_secs: u64,
     pub hold_ttl: Duration,
     pub max_body_bytes: usize,
+    /// Payrail's events; `None` (404) without `payrail.webhook_secret`.
+    pub events: Option<payrail_events::PayrailEvents>,
 }
 
 /// Every route: one method per path, and a 405 with `Allow` for the others.
@@ -67,6 +70,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(endpoint("/holds/{hold_id}", Method::DELETE, holds::release))
         .service(endpoint("/orders", Method::POST, orders::create))
         .service(endpoint("/orders/{order_id}", Method::GET, orders::show))
+        .service(endpoint(
+            "/payrail/events",
+            Method::POST,
+            payrail_events::receive,
+        ))
         .service(file("/demo/", demo::page))
         .service(file("/demo", demo::redirect))
         .service(file("/client/checkout.js", client::module))

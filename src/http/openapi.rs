@@ -36,6 +36,7 @@ const BEARER: &str = "bearer";
         super::holds::release,
         super::orders::create,
         super::orders::show,
+        super::payrail_events::receive,
         super::health::healthz,
         super::health::readyz,
         super::metrics::metrics,
@@ -47,6 +48,7 @@ const BEARER: &str = "bearer";
         (name = "seats", description = "Events and their seat maps"),
         (name = "holds", description = "A buyer's claim on a seat until it expires"),
         (name = "orders", description = "Paying for holds, guarded by an Idempotency-Key"),
+        (name = "payrail", description = "Payrail's signed events; no token"),
         (name = "operations", description = "Health, readiness, metrics and this document; no token"),
     )
 )]

@@ -61,7 +61,8 @@ pub struct OrderRequest {
         (status = 400, description = "`idempotency-key-missing`, `idempotency-key-invalid` or \
             `invalid-request` (not JSON, or not this shape); nothing is stored",
             body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 402, description = "`payment-declined`, with the declined order's `order_id`; \
+        (status = 402, description = "`payment-declined`, with the declined order's `order_id`, \
+            or `payment-failed` (Payrail never decided, so the charge was canceled there); \
             the holds stay the buyer's for another click with a new key",
             body = ProblemDetails, content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
@@ -120,13 +121,14 @@ pub async fn create(
 }
 
 /// How an order is answered to the click that made it, once it has an
-/// outcome: 201 with the order and its `Location`, or 402 `payment-declined`.
+/// outcome: 201 with the order and its `Location`, 402 `payment-declined`,
+/// or 402 `payment-failed` for an order Payrail never decided.
 pub fn answer(order: &Order) -> StoredResponse {
-    if order.status == OrderStatus::Declined {
-        return Problem::PaymentDeclined {
-            order_id: order.order_id,
-        }
-        .to_response();
+    let order_id = order.order_id;
+    match order.status {
+        OrderStatus::Declined => return Problem::PaymentDeclined { order_id }.to_response(),
+        OrderStatus::Failed => return Problem::PaymentFailed { order_id }.to_response(),
+        OrderStatus::PaymentPending | OrderStatus::Paid => {}
     }
     // Serializing an order (numbers, strings, a uuid) cannot fail.
     StoredResponse::new(
@@ -145,7 +147,8 @@ pub fn answer(order: &Order) -> StoredResponse {
     tag = "orders",
     summary = "One of the buyer's orders",
     description = "The order as it is now: `payment_pending` until Payrail's answer is known \
-        (reconciliation settles an order whose answer was lost), then `paid` or `declined`. \
+        (Payrail's event or reconciliation settles an order whose answer was lost), then `paid` \
+        or `declined`, or `failed` when Payrail never decided and the charge was canceled. \
         Another buyer's order is 404, as if it did not exist.",
     params(("order_id" = uuid::Uuid, Path, description = "The order's id")),
     security(("bearer" = [])),

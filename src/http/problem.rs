@@ -66,6 +66,14 @@ pub enum Problem {
     /// 402 `payment-declined`; the holds stay the buyer's until they expire.
     #[error("the payment was declined; your holds are kept until they expire")]
     PaymentDeclined { order_id: Uuid },
+    /// 402 `payment-failed`: Payrail never decided the charge, so it was
+    /// canceled there; the holds are given back.
+    #[error("the payment could not be completed and was canceled; nothing was charged")]
+    PaymentFailed { order_id: Uuid },
+    /// 400 `webhook-signature-invalid`: an event whose `Payrail-Signature`
+    /// is missing, wrong or too old; nothing was written.
+    #[error("{0}")]
+    WebhookSignatureInvalid(#[from] crate::payrail::SignatureError),
     /// 504 `payment-timeout`: never stored; the intent is settled later.
     #[error("the payment provider did not answer in time; retry with the same Idempotency-Key")]
     PaymentTimeout,
@@ -101,7 +109,7 @@ pub struct ProblemDetails {
     status: u16,
     /// What went wrong with this request.
     detail: String,
-    /// The declined order (`payment-declined` only).
+    /// The declined or failed order (`payment-declined`, `payment-failed` only).
     order_id: Option<Uuid>,
 }
 
@@ -175,6 +183,16 @@ impl Problem {
                 "payment-declined",
                 "Payment declined",
             ),
+            PaymentFailed { .. } => (
+                StatusCode::PAYMENT_REQUIRED,
+                "payment-failed",
+                "Payment failed",
+            ),
+            WebhookSignatureInvalid(_) => (
+                StatusCode::BAD_REQUEST,
+                "webhook-signature-invalid",
+                "Webhook signature invalid",
+            ),
             PaymentTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "payment-timeout",
@@ -211,7 +229,9 @@ impl Problem {
             status: status.as_u16(),
             detail: self.to_string(),
             order_id: match self {
-                Problem::PaymentDeclined { order_id } => Some(order_id),
+                Problem::PaymentDeclined { order_id } | Problem::PaymentFailed { order_id } => {
+                    Some(order_id)
+                }
                 _ => None,
             },
         };
@@ -291,6 +311,10 @@ impl From<CheckoutError> for Problem {
             CheckoutError::HoldUnavailable => Problem::HoldUnavailable,
             CheckoutError::InvalidOrder(why) => Problem::InvalidOrder(why),
             CheckoutError::Payment(error) => error.into(),
+            // Its answer comes with the cancel's confirmation: retry shortly.
+            CheckoutError::Canceling => Problem::PaymentUnavailable {
+                retry_after: Duration::from_secs(1),
+            },
             CheckoutError::Db(error) => error.into(),
             error @ CheckoutError::Inconsistent(_) => Problem::Internal(error.into()),
         }

@@ -6,7 +6,13 @@
 //! their next attempt into the future, one conditional update per order
 //! that only one run can win, and only then calls Payrail, holding no
 //! connection meanwhile.
-//! An order whose charge keeps failing is retried with a growing delay.
+//! An order whose charge keeps failing is retried with a growing delay; one
+//! still undecided `reconcile.give_up_secs` after it was made is canceled
+//! at Payrail instead, until Payrail confirms, and then `failed`.
+//!
+//! Its Payrail calls neither feed the circuit breaker nor are refused by
+//! it: the breaker guards buyers' clicks, and one stuck order, retried here
+//! for as long as it takes, must not keep it open for everybody else.
 
 use std::time::Duration;
 
@@ -24,6 +30,15 @@ const BATCH: i64 = 100;
 const CONCURRENCY: usize = 16;
 /// The longest wait between two attempts on one order.
 const MAX_DELAY_SECS: f64 = 3600.0;
+
+/// A claimed order: whose, which, its attempts so far, and whether to give
+/// up on it (cancel) rather than ask for its charge again.
+struct Due {
+    user_id: String,
+    order_id: Uuid,
+    attempts: i32,
+    give_up: bool,
+}
 
 /// How a run ended, as `reconcile_runs_total` counts it: `failed` when it
 /// could not even claim its batch (the database), whatever its orders did.
@@ -49,18 +64,26 @@ impl RunResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrderResult {
     Settled,
-    /// Still no answer from Payrail: tried again later.
+    /// Still no answer from Payrail (or no confirmation of its cancel):
+    /// tried again later.
     Failed,
+    /// Canceled at Payrail and `failed`: Payrail never decided.
+    GaveUp,
 }
 
 impl OrderResult {
     /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [OrderResult; 2] = [OrderResult::Settled, OrderResult::Failed];
+    pub const ALL: [OrderResult; 3] = [
+        OrderResult::Settled,
+        OrderResult::Failed,
+        OrderResult::GaveUp,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             OrderResult::Settled => "settled",
             OrderResult::Failed => "failed",
+            OrderResult::GaveUp => "gave_up",
         }
     }
 }
@@ -70,6 +93,7 @@ pub struct Reconcile {
     pool: Pool,
     orders: Orders,
     grace: Duration,
+    give_up: Duration,
     base_delay: Duration,
 }
 
@@ -77,6 +101,7 @@ pub struct Reconcile {
 pub struct Report {
     pub settled: usize,
     pub failed: usize,
+    pub gave_up: usize,
 }
 
 impl Reconcile {
@@ -85,6 +110,7 @@ impl Reconcile {
             pool,
             orders,
             grace: settings.grace(),
+            give_up: settings.give_up(),
             base_delay: settings.interval(),
         }
     }
@@ -93,20 +119,24 @@ impl Reconcile {
         let (due, pending) = match self.claim_due().await {
             Ok(claimed) => claimed,
             Err(error) => {
-                observe::reconcile_run(RunResult::Failed, 0, 0);
+                observe::reconcile_run(RunResult::Failed, &[]);
                 return Err(error);
             }
         };
         observe::orders_pending(pending);
-        let results: Vec<bool> = futures_util::stream::iter(due)
-            .map(|(user_id, order_id, attempts)| self.settle_one(user_id, order_id, attempts))
+        let results: Vec<OrderResult> = futures_util::stream::iter(due)
+            .map(|due| self.settle_one(due))
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        let settled = results.iter().filter(|ok| **ok).count();
-        let failed = results.len() - settled;
-        observe::reconcile_run(RunResult::Done, settled, failed);
-        Ok(Report { settled, failed })
+        let count = |wanted| results.iter().filter(|r| **r == wanted).count();
+        let report = Report {
+            settled: count(OrderResult::Settled),
+            failed: count(OrderResult::Failed),
+            gave_up: count(OrderResult::GaveUp),
+        };
+        observe::reconcile_run(RunResult::Done, &results);
+        Ok(report)
     }
 
     pub async fn run_logged(&self) {
@@ -115,6 +145,7 @@ impl Reconcile {
             Ok(report) => tracing::info!(
                 settled = report.settled,
                 failed = report.failed,
+                gave_up = report.gave_up,
                 "reconciled pending orders"
             ),
             Err(error) => tracing::warn!(%error, "reconciliation failed"),
@@ -132,11 +163,17 @@ impl Reconcile {
     /// one claims it, the others skip it. A lock on the whole batch (`FOR
     /// UPDATE SKIP LOCKED`) is something a distributed database cannot
     /// take across its shards.
-    async fn claim_due(&self) -> Result<(Vec<(String, Uuid, i32)>, i64), CheckoutError> {
+    ///
+    /// An order nearing its give-up time is claimed no later than then,
+    /// whatever its doubling delay says.
+    async fn claim_due(&self) -> Result<(Vec<Due>, i64), CheckoutError> {
         let client = self.pool.get().await?;
         let due = client
             .prepare_cached(
-                "SELECT user_id, order_id, reconcile_attempts FROM orders
+                "SELECT user_id, order_id, reconcile_attempts,
+                        extract(epoch FROM now() - created_at)::float8 AS age,
+                        cancel_requested_at IS NOT NULL AS canceling
+                 FROM orders
                  WHERE status = 'payment_pending'
                    AND created_at <= now() - make_interval(secs => $1)
                    AND reconcile_after <= now()
@@ -163,13 +200,24 @@ impl Reconcile {
         for row in rows {
             let (user_id, order_id, attempts): (String, Uuid, i32) =
                 (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-            let delay = self.delay(attempts);
+            let (age, canceling): (f64, bool) = (row.try_get(3)?, row.try_get(4)?);
+            let give_up_in = self.give_up.as_secs_f64() - age;
+            let delay = if give_up_in > 0.0 {
+                self.delay(attempts).min(give_up_in)
+            } else {
+                self.delay(attempts)
+            };
             if client
                 .execute(&claim, &[&user_id, &order_id, &attempts, &delay])
                 .await?
                 == 1
             {
-                claimed.push((user_id, order_id, attempts + 1));
+                claimed.push(Due {
+                    user_id,
+                    order_id,
+                    attempts: attempts + 1,
+                    give_up: canceling || give_up_in <= 0.0,
+                });
             }
         }
         let pending: i64 = client
@@ -189,24 +237,33 @@ impl Reconcile {
         (self.base_delay.as_secs_f64() * 2f64.powi(doublings)).min(MAX_DELAY_SECS)
     }
 
-    async fn settle_one(&self, user_id: String, order_id: Uuid, attempts: i32) -> bool {
-        match self.try_settle(&user_id, order_id).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(%order_id, attempts, %error, "pending order still unsettled");
-                false
-            }
-        }
+    async fn settle_one(&self, due: Due) -> OrderResult {
+        let tried = if due.give_up {
+            self.orders
+                .give_up(&due.user_id, due.order_id)
+                .await
+                .map(|_| OrderResult::GaveUp)
+        } else {
+            self.try_settle(&due.user_id, due.order_id)
+                .await
+                .map(|()| OrderResult::Settled)
+        };
+        tried.unwrap_or_else(|error| {
+            let (order_id, attempts) = (due.order_id, due.attempts);
+            tracing::warn!(%order_id, attempts, %error, "pending order still unsettled");
+            OrderResult::Failed
+        })
     }
 
     async fn try_settle(&self, user_id: &str, order_id: Uuid) -> Result<(), CheckoutError> {
         let Some((_, outcome)) = self.orders.charge_again(user_id, order_id).await? else {
             return Ok(());
         };
-        self.orders
+        let settlement = self
+            .orders
             .settle_unclaimed(user_id, order_id, &outcome)
             .await?;
-        tracing::info!(%order_id, ?outcome, "settled a pending order");
+        tracing::info!(%order_id, ?outcome, ?settlement, "settled a pending order");
         Ok(())
     }
 }

@@ -42,6 +42,7 @@ pub enum PaymentError {
 pub struct Client {
     http: reqwest::Client,
     charges_url: String,
+    cancel_url: String,
     api_key: SecretString,
     timeout: Duration,
     max_attempts: u32,
@@ -107,6 +108,21 @@ struct ChargeBody {
     id: Option<String>,
 }
 
+#[derive(Deserialize)]
+struct CancelBody {
+    status: String,
+    id: Option<String>,
+}
+
+/// Payrail's confirmation of a cancel: the key is void either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Canceled {
+    /// Nothing was charged under the key.
+    Nothing,
+    /// A charge was made, and is refunded.
+    Refunded { charge_id: String },
+}
+
 impl Client {
     pub fn new(settings: &PayrailSettings, base_url: &str) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
@@ -116,6 +132,7 @@ impl Client {
         Ok(Self {
             http,
             charges_url: format!("{}/v1/charges", base_url.trim_end_matches('/')),
+            cancel_url: format!("{}/v1/charges/cancel", base_url.trim_end_matches('/')),
             api_key: settings.api_key.clone(),
             timeout: settings.timeout(),
             max_attempts: settings.max_attempts.max(1),
@@ -132,11 +149,34 @@ impl Client {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(%order_id))]
+    /// A buyer's click: its attempts feed the breaker and are refused by it.
     pub async fn charge(
         &self,
         order_id: Uuid,
         charge: &Charge,
+    ) -> Result<ChargeOutcome, PaymentError> {
+        self.charge_with(order_id, charge, Some(&self.breaker))
+            .await
+    }
+
+    /// Reconciliation asking again about one order. Neither refused by the
+    /// breaker nor feeding it: an order Payrail keeps failing (one card
+    /// answering 500) is retried on its own doubling delay, and must not be
+    /// what keeps the breaker open for every other buyer.
+    pub async fn charge_again(
+        &self,
+        order_id: Uuid,
+        charge: &Charge,
+    ) -> Result<ChargeOutcome, PaymentError> {
+        self.charge_with(order_id, charge, None).await
+    }
+
+    #[tracing::instrument(skip_all, fields(%order_id))]
+    async fn charge_with(
+        &self,
+        order_id: Uuid,
+        charge: &Charge,
+        breaker: Option<&Breaker>,
     ) -> Result<ChargeOutcome, PaymentError> {
         let key = format!("order-{order_id}");
         let body = serde_json::to_vec(charge).map_err(|_| PaymentError::Unavailable {
@@ -144,17 +184,17 @@ impl Client {
         })?;
         let mut timed_out = false;
         for attempt in 1..=self.max_attempts {
-            if let Err(retry_after) = self.breaker.allow() {
+            if let Some(Err(retry_after)) = breaker.map(Breaker::allow) {
                 observe::breaker_rejected();
                 return Err(PaymentError::Unavailable { retry_after });
             }
             match self.attempt(&key, &body).await {
                 Attempt::Decided(outcome) => {
-                    self.breaker.record_success();
+                    breaker.inspect(|b| b.record_success());
                     return Ok(outcome);
                 }
                 Attempt::Failed { timed_out: t } => {
-                    self.breaker.record_failure();
+                    breaker.inspect(|b| b.record_failure());
                     timed_out = t;
                     tracing::warn!(attempt, timed_out, "payrail attempt failed");
                 }
@@ -176,6 +216,43 @@ impl Client {
                 retry_after: Duration::from_secs(1),
             }
         })
+    }
+
+    /// Voids the order's key at Payrail (`POST /v1/charges/cancel`): nothing
+    /// is charged under it afterwards, and a charge already made is
+    /// refunded. One attempt; the caller retries until Payrail confirms.
+    #[tracing::instrument(skip_all, fields(%order_id))]
+    pub async fn cancel(&self, order_id: Uuid) -> Result<Canceled, PaymentError> {
+        let sent = self
+            .http
+            .post(&self.cancel_url)
+            .timeout(self.timeout)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", format!("order-{order_id}"))
+            .send()
+            .await;
+        let unconfirmed = |why: &dyn std::fmt::Display| {
+            tracing::warn!(%why, "payrail did not confirm a cancel");
+            PaymentError::Unavailable {
+                retry_after: Duration::from_secs(1),
+            }
+        };
+        let response = sent.map_err(|e| unconfirmed(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| unconfirmed(&e))?;
+        if status != reqwest::StatusCode::OK {
+            return Err(unconfirmed(&status));
+        }
+        match serde_json::from_slice::<CancelBody>(&bytes) {
+            Ok(CancelBody { status, .. }) if status == "canceled" => Ok(Canceled::Nothing),
+            Ok(CancelBody {
+                status,
+                id: Some(id),
+            }) if status == "refunded" => Ok(Canceled::Refunded { charge_id: id }),
+            _ => Err(unconfirmed(
+                &"an answer that is neither canceled nor refunded",
+            )),
+        }
     }
 
     async fn attempt(&self, key: &str, body: &[u8]) -> Attempt {
@@ -263,6 +340,8 @@ mod tests {
             max_attempts: 1,
             breaker_failures: 5,
             breaker_open_secs: 30,
+            webhook_secret: SecretString::from(String::new()),
+            webhook_tolerance_secs: 300,
         };
         let client = Client::new(&settings, &base_url).unwrap();
         let charge = Charge {

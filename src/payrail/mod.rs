@@ -1,9 +1,12 @@
 //! Payrail, the payment provider: the client the checkout calls (retries,
-//! timeouts, a circuit breaker). The sandbox that plays Payrail in local
+//! timeouts, a circuit breaker, cancels) and the signed events it sends
+//! back (`webhook`). The sandbox that plays Payrail in local
 //! runs, compose and tests is a crate of its own (`payrail-sandbox`).
 
 mod breaker;
 mod client;
+mod webhook;
 
 pub use breaker::Breaker;
-pub use client::{AttemptOutcome, Charge, ChargeOutcome, Client, PaymentError};
+pub use client::{AttemptOutcome, Canceled, Charge, ChargeOutcome, Client, PaymentError};
+pub use webhook::{Event, EventKind, SignatureError, Verifier};

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use payrail_sandbox::Sandbox;
+use payrail_sandbox::{Sandbox, Webhook};
 use reqwest::{RequestBuilder, Response};
 use secrecy::SecretString;
 use serde_json::{json, Value};
@@ -22,6 +22,8 @@ pub use test_support::db::TestDatabase;
 pub use test_support::Seen;
 
 pub const API_KEY: &str = "sk_test_stagedoor";
+/// What Payrail signs its events with in tests (`payrail.webhook_secret`).
+pub const WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef0123456789abcdef";
 
 /// The service's own pool (`db::pool`), one connection, to `url`, with
 /// generic plans as the profile needs them (off on Citus).
@@ -67,6 +69,7 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     settings.payrail.base_url = sandbox.base_url();
     settings.payrail.timeout_ms = 1_000;
     settings.payrail.breaker_failures = 1_000;
+    settings.payrail.webhook_secret = SecretString::from(WEBHOOK_SECRET.to_owned());
     settings.demo.seed = false;
     // Citus cannot plan its distributed steps from a generic plan.
     settings.database.generic_plans = !test_support::citus::enabled();
@@ -92,10 +95,29 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn(configure, false).await
+}
+
+/// As [`spawn_app_with`], with the sandbox sending its signed events to
+/// the app (on a port picked before either starts).
+pub async fn spawn_app_with_events(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn(configure, true).await
+}
+
+async fn spawn(configure: impl FnOnce(&mut Settings), events: bool) -> TestApp {
     let db = TestDatabase::create().await;
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
-    let sandbox = Arc::new(Sandbox::start(listener, API_KEY.to_owned()).expect("sandbox"));
+    let port = free_port();
+    let webhook = events.then(|| Webhook {
+        url: format!("http://127.0.0.1:{port}/payrail/events"),
+        secret: WEBHOOK_SECRET.to_owned(),
+    });
+    let sandbox =
+        Arc::new(Sandbox::start_with(listener, API_KEY.to_owned(), webhook).expect("sandbox"));
     let mut settings = test_settings(&db, &sandbox);
+    if events {
+        settings.server.port = port;
+    }
     configure(&mut settings);
     if test_support::citus::enabled() {
         // Distributed once the tables exist, before anything uses them.
@@ -299,6 +321,44 @@ impl TestApp {
         tokio::spawn(async move { request.send().await })
     }
 
+    /// `POST /payrail/events` with these bytes and this `Payrail-Signature`
+    /// (none when `None`), to `base` (this app or another instance).
+    pub async fn post_event_to(
+        &self,
+        base: &str,
+        body: &[u8],
+        signature: Option<&str>,
+    ) -> Response {
+        let mut request = self
+            .http
+            .post(format!("{base}/payrail/events"))
+            .header("Content-Type", "application/json")
+            .body(body.to_vec());
+        if let Some(signature) = signature {
+            request = request.header("Payrail-Signature", signature);
+        }
+        request.send().await.expect("POST /payrail/events")
+    }
+
+    /// An event signed now with the test secret, posted to this app.
+    pub async fn post_signed_event(&self, body: &[u8]) -> Response {
+        let signature = sign_now(body);
+        self.post_event_to(&self.address, body, Some(&signature))
+            .await
+    }
+
+    /// `GET /v1/sandbox/events`: what Payrail sent, and how often.
+    pub async fn sent_events(&self) -> Vec<Value> {
+        self.http
+            .get(format!("{}/v1/sandbox/events", self.sandbox.base_url()))
+            .send()
+            .await
+            .expect("GET /v1/sandbox/events")
+            .json()
+            .await
+            .expect("the events' JSON")
+    }
+
     pub async fn set_faults(&self, faults: Value) {
         sandbox::set_faults(&self.http, &self.sandbox.base_url(), &faults).await;
     }
@@ -351,6 +411,39 @@ pub async fn raw_http(port: u16, request: &[u8]) -> String {
 
 pub fn order_body(hold_ids: &[i64], method: &str) -> String {
     json!({ "hold_ids": hold_ids, "payment_method": method }).to_string()
+}
+
+/// The unix time now, in seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// `Payrail-Signature` for `body`, signed now under the test secret.
+pub fn sign_now(body: &[u8]) -> String {
+    payrail_sandbox::sign(WEBHOOK_SECRET.as_bytes(), unix_now(), body)
+}
+
+/// An event as Payrail words it, about the ledger's `charge`: `type` is
+/// `charge.succeeded` or `charge.declined` (whatever the charge says).
+pub fn event_body(event_id: &str, kind: &str, charge: &Value) -> Vec<u8> {
+    json!({
+        "id": event_id,
+        "type": kind,
+        "created": unix_now(),
+        "data": {"charge": {
+            "id": charge["id"],
+            "status": kind.trim_start_matches("charge."),
+            "amount_cents": charge["amount_cents"],
+            "currency": "USD",
+            "reference": charge["reference"],
+            "idempotency_key": charge["idempotency_key"],
+        }},
+    })
+    .to_string()
+    .into_bytes()
 }
 
 pub fn new_key() -> String {
@@ -424,6 +517,11 @@ impl TestApp {
                 "STAGEDOOR__RECONCILE__GRACE_SECS",
                 s.reconcile.grace_secs.to_string(),
             ),
+            (
+                "STAGEDOOR__RECONCILE__GIVE_UP_SECS",
+                s.reconcile.give_up_secs.to_string(),
+            ),
+            ("STAGEDOOR__PAYRAIL__WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
             ("RUST_LOG", "warn".into()),
         ];
         Service::new(

@@ -91,8 +91,22 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
     at_zero.extend(labelled(
         "reconcile_orders_total",
         "result",
-        &["settled", "failed"],
+        &["settled", "failed", "gave_up"],
     ));
+    for kind in ["charge.succeeded", "charge.declined", "other", "unverified"] {
+        for result in [
+            "applied",
+            "already_settled",
+            "duplicate",
+            "unknown",
+            "contradicting",
+            "bad_signature",
+        ] {
+            at_zero.push(format!(
+                r#"payrail_events_total{{type="{kind}",result="{result}"}}"#
+            ));
+        }
+    }
     at_zero.extend(labelled(
         "cleanup_runs_total",
         "result",
@@ -107,6 +121,7 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
             r#"db_pool_connections{state="waiting"}"#,
             "idempotency_wait_duration_seconds_count",
             "payrail_attempt_duration_seconds_count",
+            "payrail_event_age_seconds_count",
         ]
         .map(str::to_owned),
     );

@@ -22,6 +22,7 @@ const SERVED: &[(&str, &str)] = &[
     ("DELETE", "/holds/{hold_id}"),
     ("POST", "/orders"),
     ("GET", "/orders/{order_id}"),
+    ("POST", "/payrail/events"),
 ];
 
 /// Served, but browser files rather than API (the demo page, the client
@@ -34,7 +35,16 @@ const PAGES: &[(&str, &str)] = &[
 ];
 
 /// The only routes that need no bearer token.
-const OPEN: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];
+const OPEN: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/payrail/events",
+];
+/// Open routes that believe a request only by its own signature: without
+/// one, 400.
+const SIGNED: &[&str] = &["/payrail/events"];
 
 const METHODS: &[&str] = &[
     "get", "put", "post", "delete", "options", "head", "patch", "trace",
@@ -173,6 +183,8 @@ async fn every_documented_operation_is_served_and_guarded_as_documented() {
         assert!(status != 404 && status != 405, "{what} is served: {status}");
         if guarded {
             assert_eq!(status, 401, "{what} without a token");
+        } else if SIGNED.contains(&path.as_str()) {
+            assert_eq!(status, 400, "{what} without a signature");
         } else {
             assert_eq!(status, 200, "{what} without a token");
         }

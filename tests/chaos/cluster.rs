@@ -20,6 +20,8 @@ use tokio::sync::Mutex;
 
 /// The API key the sandbox demands and the services send.
 pub const API_KEY: &str = "sk_test_stagedoor";
+/// What the sandbox signs its events with, and the services check.
+pub const WEBHOOK_SECRET: &str = "whsec_chaos_0123456789abcdef0123456789";
 
 /// The scratch directory of a run, kept when `CHAOS_KEEP` is set.
 pub fn scratch() -> ScratchDir {
@@ -122,11 +124,17 @@ pub struct SandboxProcess {
 }
 
 impl SandboxProcess {
-    pub async fn spawn(scratch: &Path) -> Self {
-        let port = free_port();
+    /// On `port`, sending its events to `webhook_url`.
+    pub async fn spawn(scratch: &Path, port: u16, webhook_url: &str) -> Self {
         let log = scratch.join("payrail-sandbox.log");
         let process = Service::new(sandbox_binary(), format!("http://127.0.0.1:{port}"))
             .args(["--port", &port.to_string(), "--api-key", API_KEY])
+            .args([
+                "--webhook-url",
+                webhook_url,
+                "--webhook-secret",
+                WEBHOOK_SECRET,
+            ])
             .env("RUST_LOG", "warn")
             .log_to(&log)
             .note_pid_in(scratch)

@@ -32,7 +32,10 @@ pub struct FaultStep {
 
 /// The endless sequence of fault profiles of a seed: one in three quiet,
 /// the others latency past the service's Payrail timeout, errors, dropped
-/// answers after the charge, or both; each for 3-6 s.
+/// answers after the charge, or both; each for 3-6 s. Every profile, quiet
+/// ones included, also makes Payrail's events late (up to 1.5 s), doubled
+/// and lost on the way back (up to 40 % each), so that they race the
+/// service's own answers, reconciliation and each other.
 pub struct FaultSchedule {
     rng: Rng,
     timeout_ms: u64,
@@ -69,6 +72,10 @@ impl Iterator for FaultSchedule {
                 }),
             ),
         };
+        let mut faults = faults;
+        faults["webhook_delay_ms"] = json!(rng.range(0, 1_500));
+        faults["webhook_duplicate_rate"] = json!(rng.range(0, 40) as f64 / 100.0);
+        faults["webhook_fail_rate"] = json!(rng.range(0, 40) as f64 / 100.0);
         let lasts = Duration::from_millis(rng.range(3_000, 6_000));
         Some(FaultStep {
             name,

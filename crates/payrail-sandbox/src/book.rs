@@ -1,7 +1,8 @@
 //! The sandbox's memory behind one mutex: its faults, its own idempotency
-//! table, the request counts and the ledger of every charge decided.
+//! table, the request counts, the ledger of every charge decided, the keys
+//! voided by a cancel, and the events sent about charges.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -13,17 +14,21 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::request::{Card, ChargeRequest, Faults, Rng};
+use crate::webhook::{Delivery, Event, Sender};
 
-/// Everything the workers share: the API key and the book behind one mutex.
+/// Everything the workers share: the API key, where events go (if
+/// anywhere) and the book behind one mutex.
 pub(crate) struct State {
     pub(crate) api_key: String,
+    pub(crate) webhook: Option<Sender>,
     pub(crate) book: Mutex<Book>,
 }
 
 impl State {
-    pub(crate) fn new(api_key: String) -> Self {
+    pub(crate) fn new(api_key: String, webhook: Option<Sender>) -> Self {
         State {
             api_key,
+            webhook,
             book: Mutex::new(Book::new()),
         }
     }
@@ -49,13 +54,19 @@ pub(crate) struct Book {
     pub(crate) answers: HashMap<String, Stored>,
     pub(crate) requests: HashMap<String, u64>,
     pub(crate) ledger: Vec<Charge>,
+    /// Keys a cancel voided: no charge is ever made or answered under them.
+    pub(crate) void: HashSet<String>,
+    /// Every event sent, in the order the charges were decided.
+    pub(crate) events: HashMap<String, Delivery>,
     pub(crate) rng: Rng,
 }
 
-/// A key's first request and the answer it got, replayed for every repeat.
+/// A key's first request and the answer it got, replayed for every repeat,
+/// and where its charge is in the ledger.
 pub(crate) struct Stored {
     pub(crate) request: ChargeRequest,
     pub(crate) answer: Answer,
+    pub(crate) ledger: usize,
 }
 
 /// A serialized answer, kept as bytes so that replays are byte-identical.
@@ -65,7 +76,8 @@ pub(crate) struct Answer {
     pub(crate) body: Bytes,
 }
 
-/// One charge decided, succeeded or declined, as listed in the ledger.
+/// One charge decided, succeeded or declined (or refunded since, by a
+/// cancel), as listed in the ledger.
 #[derive(Clone, Serialize)]
 pub(crate) struct Charge {
     pub(crate) id: String,
@@ -79,13 +91,24 @@ pub(crate) struct Charge {
 pub(crate) enum Decision {
     Replay(Answer),
     Mismatch,
+    /// 409 and nothing charged: a cancel voided the key.
+    Void,
     /// 500 and nothing recorded: `pm_card_error` or an `error_rate` hit.
     Refuse,
     Charged {
         answer: Answer,
+        event: Event,
         delay: Duration,
         drop: bool,
     },
+}
+
+/// What a cancel found under its key.
+pub(crate) enum Canceled {
+    /// Nothing was charged; nothing ever will be.
+    Nothing,
+    /// This charge was made, and is refunded now.
+    Refunded { charge_id: String },
 }
 
 impl Book {
@@ -95,6 +118,8 @@ impl Book {
             answers: HashMap::new(),
             requests: HashMap::new(),
             ledger: Vec::new(),
+            void: HashSet::new(),
+            events: HashMap::new(),
             rng: Rng::seeded(),
         }
     }
@@ -108,6 +133,9 @@ impl Book {
     /// in-flight state is needed. Faults only hit requests that would charge.
     pub(crate) fn decide(&mut self, key: &str, request: &ChargeRequest) -> Decision {
         self.count_request(key);
+        if self.void.contains(key) {
+            return Decision::Void;
+        }
         if let Some(stored) = self.answers.get(key) {
             return if stored.request == *request {
                 Decision::Replay(stored.answer.clone())
@@ -124,16 +152,23 @@ impl Book {
             Card::Slow => Duration::from_millis(self.faults.slow_ms),
             _ => Duration::ZERO,
         };
-        let answer = self.charge(key, request, card);
+        let (answer, event) = self.charge(key, request, card);
         Decision::Charged {
             answer,
+            event,
             delay,
             drop,
         }
     }
 
-    /// Makes the charge: records it in the ledger and its answer under the key.
-    pub(crate) fn charge(&mut self, key: &str, request: &ChargeRequest, card: Card) -> Answer {
+    /// Makes the charge: records it in the ledger and its answer under the
+    /// key, and says it in an event.
+    pub(crate) fn charge(
+        &mut self,
+        key: &str,
+        request: &ChargeRequest,
+        card: Card,
+    ) -> (Answer, Event) {
         let id = format!("ch_{}", Uuid::new_v4().simple());
         let (status, outcome, body) = if card == Card::Declines {
             let body = json!({"id": id, "status": "declined", "decline_code": "card_declined"});
@@ -158,6 +193,7 @@ impl Book {
             status,
             body: Bytes::from(body.to_string()),
         };
+        let event = Event::new(&id, outcome, key, request);
         self.ledger.push(Charge {
             id,
             idempotency_key: key.to_owned(),
@@ -170,9 +206,32 @@ impl Book {
             Stored {
                 request: request.clone(),
                 answer: answer.clone(),
+                ledger: self.ledger.len() - 1,
             },
         );
-        answer
+        (answer, event)
+    }
+
+    /// Voids the key for good and refunds what was charged under it, if
+    /// anything: a repeat answers the same.
+    pub(crate) fn cancel(&mut self, key: &str) -> Canceled {
+        self.void.insert(key.to_owned());
+        let Some(stored) = self.answers.get(key) else {
+            return Canceled::Nothing;
+        };
+        let charge = &mut self.ledger[stored.ledger];
+        match charge.status {
+            "declined" => Canceled::Nothing,
+            _ => {
+                if charge.status != "refunded" {
+                    tracing::info!(charge_id = %charge.id, idempotency_key = key, "payrail sandbox charge refunded");
+                }
+                charge.status = "refunded";
+                Canceled::Refunded {
+                    charge_id: charge.id.clone(),
+                }
+            }
+        }
     }
 
     pub(crate) fn ledger_rows(&self) -> Vec<serde_json::Value> {
@@ -187,9 +246,17 @@ impl Book {
             .collect()
     }
 
+    pub(crate) fn event_rows(&self) -> Vec<Delivery> {
+        let mut rows: Vec<Delivery> = self.events.values().cloned().collect();
+        rows.sort_by_key(|row| row.seq);
+        rows
+    }
+
     pub(crate) fn clear(&mut self) {
         self.answers.clear();
         self.requests.clear();
         self.ledger.clear();
+        self.void.clear();
+        self.events.clear();
     }
 }

@@ -9,7 +9,12 @@
 //! provider shows, and the ledger (`GET /v1/sandbox/charges`) records every
 //! charge decided, as the truth the service is checked against.
 //!
-//! It never moves money, never calls anything else and never persists: all
+//! Given a webhook ([`Webhook`]), it also pushes a signed event for every
+//! charge it decides, at least once (`webhook`), and lists them at `GET
+//! /v1/sandbox/events`. `POST /v1/charges/cancel` voids a key: nothing is
+//! ever charged under it afterwards, and a charge already made is refunded.
+//!
+//! It never moves money, never calls anything but the webhook and never persists: all
 //! state is in memory and dies with the process. The `/v1/sandbox/*` control
 //! endpoints need no API key (it is a test double), so it must never be
 //! reachable from outside a test or development network.
@@ -45,9 +50,19 @@ impl Sandbox {
     /// current tokio runtime. Signals are left to the caller: the binary stops
     /// it on SIGTERM/SIGINT, the service stops it with its own shutdown.
     pub fn start(listener: TcpListener, api_key: String) -> std::io::Result<Sandbox> {
+        Sandbox::start_with(listener, api_key, None)
+    }
+
+    /// As [`start`](Sandbox::start), sending events to `webhook` when given.
+    pub fn start_with(
+        listener: TcpListener,
+        api_key: String,
+        webhook: Option<Webhook>,
+    ) -> std::io::Result<Sandbox> {
         let port = listener.local_addr()?.port();
+        let sender = webhook.map(webhook::Sender::new).transpose()?;
         // One Arc for all workers, so they share one idempotency table.
-        let state = web::Data::new(State::new(api_key));
+        let state = web::Data::new(State::new(api_key, sender));
         let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
             .workers(1) // every wait is async; one worker serves thousands of requests
             .disable_signals()
@@ -91,6 +106,16 @@ fn routes(cfg: &mut web::ServiceConfig) {
             .default_service(web::to(method_not_allowed)),
     )
     .service(
+        web::resource("/v1/charges/cancel")
+            .route(web::post().to(cancel_charge))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/sandbox/events")
+            .route(web::get().to(list_events))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
         web::resource("/v1/sandbox/faults")
             .route(web::get().to(get_faults))
             .route(web::post().to(set_faults))
@@ -112,9 +137,11 @@ fn routes(cfg: &mut web::ServiceConfig) {
 
 mod book;
 mod request;
+mod webhook;
 
-use book::{Answer, Decision, State};
+use book::{Answer, Canceled, Decision, State};
 use request::{ChargeRequest, Faults};
+pub use webhook::{sign, Webhook, SIGNATURE_HEADER};
 
 /// `POST /v1/charges`. Every answer, replays and errors too, waits the
 /// configured latency after the work is done.
@@ -130,18 +157,13 @@ async fn create_charge(
 }
 
 async fn answer_charge(
-    state: &State,
+    state: &web::Data<State>,
     req: &HttpRequest,
     body: Result<Bytes, actix_web::Error>,
 ) -> HttpResponse {
-    if !state.authorized(req) {
-        return HttpResponse::Unauthorized()
-            .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
-            .json(json!({"error": "missing or wrong API key (Authorization: Bearer <key>)"}));
-    }
-    let key = match idempotency_key(req) {
+    let key = match authorized_key(state, req) {
         Ok(key) => key,
-        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+        Err(refused) => return refused.response(),
     };
     let request = match parse_charge(body) {
         Ok(request) => request,
@@ -158,15 +180,23 @@ async fn answer_charge(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Idempotency-Key was already used with a different request body",
         ),
+        Decision::Void => error(
+            StatusCode::CONFLICT,
+            "Idempotency-Key was canceled; nothing is charged under it",
+        ),
         Decision::Refuse => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "payrail sandbox processing error; nothing was charged",
         ),
         Decision::Charged {
             answer,
+            event,
             delay,
             drop,
         } => {
+            // The event leaves as soon as the charge is made, whatever
+            // becomes of the answer (held back by a slow card, or lost).
+            webhook::deliver(state, event);
             tokio::time::sleep(delay).await;
             if drop {
                 tracing::warn!(
@@ -179,6 +209,47 @@ async fn answer_charge(
             }
         }
     }
+}
+
+/// `POST /v1/charges/cancel`: voids the key, refunding its charge if one
+/// was made; a repeat answers the same.
+async fn cancel_charge(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    let key = match authorized_key(&state, &req) {
+        Ok(key) => key,
+        Err(refused) => return refused.response(),
+    };
+    let canceled = state.book().cancel(&key);
+    match canceled {
+        Canceled::Nothing => HttpResponse::Ok().json(json!({"status": "canceled"})),
+        Canceled::Refunded { charge_id } => {
+            HttpResponse::Ok().json(json!({"status": "refunded", "id": charge_id}))
+        }
+    }
+}
+
+/// Why a charge or cancel request is refused before its key is looked at.
+enum Refused {
+    Unauthorized,
+    BadKey(&'static str),
+}
+
+impl Refused {
+    fn response(self) -> HttpResponse {
+        match self {
+            Refused::Unauthorized => HttpResponse::Unauthorized()
+                .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
+                .json(json!({"error": "missing or wrong API key (Authorization: Bearer <key>)"})),
+            Refused::BadKey(message) => error(StatusCode::BAD_REQUEST, message),
+        }
+    }
+}
+
+/// The key of a request carrying the right API key, or the refusal.
+fn authorized_key(state: &State, req: &HttpRequest) -> Result<String, Refused> {
+    if !state.authorized(req) {
+        return Err(Refused::Unauthorized);
+    }
+    idempotency_key(req).map_err(Refused::BadKey)
 }
 
 /// The charge body, or the status and message that reject it (a body too
@@ -245,6 +316,11 @@ async fn set_faults(
 
 async fn list_charges(state: web::Data<State>) -> HttpResponse {
     let rows = state.book().ledger_rows();
+    HttpResponse::Ok().json(rows)
+}
+
+async fn list_events(state: web::Data<State>) -> HttpResponse {
+    let rows = state.book().event_rows();
     HttpResponse::Ok().json(rows)
 }
 

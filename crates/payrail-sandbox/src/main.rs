@@ -12,13 +12,14 @@ use std::net::TcpListener;
 
 use anyhow::Context;
 use clap::Parser;
-use payrail_sandbox::Sandbox;
+use payrail_sandbox::{Sandbox, Webhook};
 
 /// A stand-alone imitation of the Payrail payment provider, for development
 /// and tests only: it never moves money and keeps everything in memory.
 ///
-/// Endpoints: POST /v1/charges (bearer API key and Idempotency-Key required),
-/// GET|POST /v1/sandbox/faults, GET|DELETE /v1/sandbox/charges, GET /healthz.
+/// Endpoints: POST /v1/charges and POST /v1/charges/cancel (bearer API key
+/// and Idempotency-Key required), GET|POST /v1/sandbox/faults, GET|DELETE
+/// /v1/sandbox/charges, GET /v1/sandbox/events, GET /healthz.
 /// Test cards: pm_card_declined, pm_card_slow, pm_card_error; any other pm_…
 /// succeeds.
 #[derive(Debug, Parser)]
@@ -40,6 +41,14 @@ struct Args {
         hide_env_values = true
     )]
     api_key: String,
+
+    /// Where to POST a signed event for every charge decided (none when unset).
+    #[arg(long, env = "PAYRAIL_SANDBOX_WEBHOOK_URL", requires = "webhook_secret")]
+    webhook_url: Option<String>,
+
+    /// The secret events are signed with (`Payrail-Signature`).
+    #[arg(long, env = "PAYRAIL_SANDBOX_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -50,7 +59,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
-    let sandbox = Sandbox::start(listener, args.api_key)?;
+    let webhook = args
+        .webhook_url
+        .zip(args.webhook_secret)
+        .map(|(url, secret)| Webhook { url, secret });
+    let sandbox = Sandbox::start_with(listener, args.api_key, webhook)?;
 
     let mut stdout = std::io::stdout();
     writeln!(stdout, "payrail-sandbox listening on http://{address}")?;

@@ -62,6 +62,13 @@ pub(crate) struct Faults {
     pub(crate) error_rate: f64,
     pub(crate) drop_after_charge_rate: f64,
     pub(crate) slow_ms: u64,
+    /// How long each event waits before its first delivery.
+    pub(crate) webhook_delay_ms: u64,
+    /// The share of events delivered twice, as two independent deliveries.
+    pub(crate) webhook_duplicate_rate: f64,
+    /// The share of delivery attempts counted as lost whatever the receiver
+    /// answered (as if the network had lost the answer), so retried later.
+    pub(crate) webhook_fail_rate: f64,
 }
 
 impl Default for Faults {
@@ -71,6 +78,9 @@ impl Default for Faults {
             error_rate: 0.0,
             drop_after_charge_rate: 0.0,
             slow_ms: 10_000,
+            webhook_delay_ms: 0,
+            webhook_duplicate_rate: 0.0,
+            webhook_fail_rate: 0.0,
         }
     }
 }
@@ -84,12 +94,23 @@ impl Faults {
         let faults: Faults =
             serde_json::from_slice(body).map_err(|e| format!("invalid faults body: {e}"))?;
         let is_rate = |rate: f64| (0.0..=1.0).contains(&rate);
-        if !is_rate(faults.error_rate) || !is_rate(faults.drop_after_charge_rate) {
-            return Err("error_rate and drop_after_charge_rate must be between 0 and 1".into());
+        let rates = [
+            faults.error_rate,
+            faults.drop_after_charge_rate,
+            faults.webhook_duplicate_rate,
+            faults.webhook_fail_rate,
+        ];
+        if !rates.into_iter().all(is_rate) {
+            return Err(
+                "error_rate, drop_after_charge_rate, webhook_duplicate_rate and \
+                        webhook_fail_rate must be between 0 and 1"
+                    .into(),
+            );
         }
-        if faults.latency_ms > MAX_DELAY_MS || faults.slow_ms > MAX_DELAY_MS {
+        let delays = [faults.latency_ms, faults.slow_ms, faults.webhook_delay_ms];
+        if delays.into_iter().any(|ms| ms > MAX_DELAY_MS) {
             return Err(format!(
-                "latency_ms and slow_ms must be at most {MAX_DELAY_MS}"
+                "latency_ms, slow_ms and webhook_delay_ms must be at most {MAX_DELAY_MS}"
             ));
         }
         Ok(faults)

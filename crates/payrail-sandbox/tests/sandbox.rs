@@ -384,12 +384,14 @@ async fn faults_read_back_what_was_set_and_missing_fields_reset() {
         response.json::<Value>().await.unwrap()
     };
     let defaults = json!({
-        "latency_ms": 0, "error_rate": 0.0, "drop_after_charge_rate": 0.0, "slow_ms": 10000
+        "latency_ms": 0, "error_rate": 0.0, "drop_after_charge_rate": 0.0, "slow_ms": 10000,
+        "webhook_delay_ms": 0, "webhook_duplicate_rate": 0.0, "webhook_fail_rate": 0.0
     });
     assert_eq!(get_faults().await, defaults);
 
     let all = json!({
-        "latency_ms": 5, "error_rate": 0.25, "drop_after_charge_rate": 0.5, "slow_ms": 300
+        "latency_ms": 5, "error_rate": 0.25, "drop_after_charge_rate": 0.5, "slow_ms": 300,
+        "webhook_delay_ms": 20, "webhook_duplicate_rate": 0.5, "webhook_fail_rate": 0.125
     });
     let response = app.set_faults(all.clone()).await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -412,6 +414,15 @@ async fn faults_out_of_range_are_rejected_with_400_and_change_nothing() {
         ),
         ("negative latency", json!({"latency_ms": -1})),
         ("absurd slow_ms", json!({"slow_ms": 100_000_000})),
+        (
+            "duplicate rate above 1",
+            json!({"webhook_duplicate_rate": 2.0}),
+        ),
+        ("negative fail rate", json!({"webhook_fail_rate": -0.5})),
+        (
+            "absurd webhook delay",
+            json!({"webhook_delay_ms": 100_000_000}),
+        ),
         ("unknown field", json!({"latncy_ms": 5})),
         ("not an object", json!([1, 2])),
     ];

@@ -7,11 +7,13 @@
 //!
 //! Checked: one order per key (1); every charge belongs to exactly one
 //! order of its key, with the same amount, charged once, and a succeeded
-//! charge's order is paid, a declined charge's order declined (2, so run
-//! it after reconciliation has settled what it can); no paid order without a
-//! succeeded charge; no seat in two live holds or orders (5); a paid
-//! order owns all its holds and a declined one none; and every answer stored
-//! on an order's key agrees with that order, headers included. Replays are
+//! charge's order is paid, a declined charge's order declined (or failed:
+//! canceled after Payrail declined unheard), a refunded charge's order
+//! failed, so that no failed order keeps a succeeded charge (2, so run it
+//! after reconciliation has settled what it can); no paid order without a
+//! succeeded charge; no seat in two live holds or orders (5); a paid order
+//! owns all its holds and a declined or failed one none; and every answer
+//! stored on an order's key agrees with that order, headers included. Replays are
 //! compared byte for byte where they are received (the tests' and the chaos
 //! load's own checks).
 //!
@@ -61,7 +63,9 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
                 let order_status = order.status.as_str();
                 if !matches!(
                     (status, order_status),
-                    ("succeeded", "paid") | ("declined", "declined")
+                    ("succeeded", "paid")
+                        | ("declined", "declined" | "failed")
+                        | ("refunded", "failed")
                 ) {
                     found.push(format!(
                         "charge {status} but order {order_id} is {order_status}: {charge}"
@@ -113,8 +117,8 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         found.push(format!("seat {seat} is in holds {a} and {b} at once"));
     }
 
-    // A paid or pending order owns every hold it names; a declined one gave
-    // them all back.
+    // A paid or pending order owns every hold it names; a declined or
+    // failed one gave them all back.
     for (order_id, status, hold, owner) in sql::holds_not_owned_as_they_should(db).await {
         found.push(format!(
             "{status} order {order_id} names hold {hold:?}, which belongs to order {owner:?}"
@@ -122,7 +126,8 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
     }
 
     // A stored answer of an order's key agrees with the order it made: a
-    // 201 naming it in `Location`, or a 402 problem naming nothing.
+    // 201 naming it in `Location`, or a 402 problem naming nothing (a
+    // decline, or a payment that failed).
     for row in sql::stored_answers_of_orders(db).await {
         let StoredAnswerRow {
             user,
@@ -137,7 +142,7 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
         if !names_the_order
             || !matches!(
                 (code, problem, located, status.as_str()),
-                (201, false, true, "paid") | (402, true, false, "declined")
+                (201, false, true, "paid") | (402, true, false, "declined" | "failed")
             )
         {
             found.push(format!(
@@ -202,7 +207,7 @@ pub mod sql {
     }
 
     /// Holds named by an order that the order does not own though it should
-    /// (paid or pending), or owns though it should not (declined), or owns
+    /// (paid or pending), or owns though it should not (declined, failed), or owns
     /// as sold though it is not paid, or the other way round:
     /// (order, its status, the hold, the hold's order).
     pub async fn holds_not_owned_as_they_should(
@@ -211,8 +216,9 @@ pub mod sql {
         let sql = "SELECT o.order_id::text, o.status, h.hold_id, h.order_id::text
                    FROM orders o CROSS JOIN LATERAL unnest(o.hold_ids) AS named (hold_id)
                    LEFT JOIN holds h ON h.hold_id = named.hold_id
-                   WHERE (o.status <> 'declined' AND h.order_id IS DISTINCT FROM o.order_id)
-                      OR (o.status = 'declined' AND h.order_id = o.order_id)
+                   WHERE (o.status IN ('paid', 'payment_pending')
+                          AND h.order_id IS DISTINCT FROM o.order_id)
+                      OR (o.status IN ('declined', 'failed') AND h.order_id = o.order_id)
                       OR (h.order_id = o.order_id AND h.sold <> (o.status = 'paid'))";
         rows(db, sql, |row| {
             (row.get(0), row.get(1), row.get(2), row.get(3))

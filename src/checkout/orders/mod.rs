@@ -1,12 +1,16 @@
 //! Orders: one per intent, written (`payment_pending`) and linked to its key
 //! before Payrail is called, settled to `paid` or `declined` by the request
-//! that made it, by a request that took its key over, or by reconciliation.
-//! No database connection is held while Payrail is being called.
+//! that made it, by a request that took its key over, by Payrail's event,
+//! or by reconciliation; `failed` when Payrail never decides and the charge
+//! is canceled. No database connection is held while Payrail is being called.
 //!
 //! `place` runs a claimed click (make or resume, charge, settle), `settle`
-//! holds the settlement statements, and this module the order itself: its
+//! holds the settlement statements, `event` applies Payrail's events,
+//! `give_up` ends an undecided order, and this module the order itself: its
 //! types, its parsing, and how it is read back.
 
+mod event;
+mod give_up;
 mod place;
 mod settle;
 mod status;
@@ -24,7 +28,8 @@ use super::CheckoutError;
 use crate::db::DbError;
 use crate::payrail::{self, Charge};
 
-pub use settle::record_decision;
+pub use event::EventResult;
+pub use settle::{record_decision, Settlement};
 pub use status::{OrderStatus, PaymentMethod};
 
 /// When the effect an idempotency key links is still settling, for the key

@@ -1,8 +1,13 @@
 //! Payrail's decision, recorded: the order moves to `paid` or `declined`
 //! (a paid order's holds are sold, a declined order gives them back) and its answer is stored on the
 //! key that made it, in one statement for the claim's own request, in one
-//! transaction for reconciliation. The order row is locked first and the key
+//! transaction for everyone else (reconciliation, Payrail's events, the
+//! give-up's `failed`). The order row is locked first and the key
 //! row last, as every writer of both does, so none of them deadlock.
+//!
+//! An order being canceled (`cancel_requested_at`, see `give_up`) is
+//! settled by the cancel's confirmation alone (`failed`): no charge answer,
+//! however late, makes it `paid` while its charge is being refunded.
 
 use std::sync::LazyLock;
 
@@ -34,10 +39,11 @@ pub(super) async fn claimed(
             "settled AS (
                  UPDATE orders SET status = $9, charge_id = $10, updated_at = now()
                  WHERE user_id = $1 AND order_id = $8 AND status = 'payment_pending'
+                   AND cancel_requested_at IS NULL
                  RETURNING 1
              ), holds_settled AS (
                  UPDATE holds
-                 SET order_id = CASE WHEN $9 = 'declined' THEN NULL ELSE order_id END,
+                 SET order_id = CASE WHEN $9 = 'paid' THEN order_id END,
                      sold = $9 = 'paid'
                  WHERE order_id = $8 AND EXISTS (SELECT 1 FROM settled)
              )",
@@ -67,6 +73,10 @@ pub(super) async fn claimed(
                     order.order_id
                 ))
             })?;
+        if settled.status == OrderStatus::PaymentPending {
+            // Being canceled: its answer is stored when Payrail confirms.
+            return Err(CheckoutError::Canceling);
+        }
         return Ok(Done::Answer((orders.answer)(&settled)));
     }
     Ok(match fence {
@@ -75,24 +85,69 @@ pub(super) async fn claimed(
     })
 }
 
+/// What a settlement outside a claim found.
+#[derive(Debug)]
+pub enum Settlement {
+    /// It settled the order, and answered the order's key.
+    Applied(Order),
+    /// The order was settled before: as it stands.
+    Already(Order),
+    /// Still pending: a charge answer for an order being canceled, or a
+    /// `failed` for one that is not.
+    Unsettled,
+}
+
 impl Orders {
-    /// Settles a pending order outside any claim (reconciliation), storing
-    /// its answer on the order's key if that key still belongs to the same
-    /// intent and has no answer yet.
+    /// Settles a pending order outside any claim (reconciliation, an
+    /// event), storing its answer on the order's key if that key still
+    /// belongs to the same intent and has no answer yet.
     pub async fn settle_unclaimed(
         &self,
         user_id: &str,
         order_id: Uuid,
         outcome: &ChargeOutcome,
-    ) -> Result<(), CheckoutError> {
+    ) -> Result<Settlement, CheckoutError> {
+        let (status, charge_id) = decision(outcome);
+        self.settle_unclaimed_as(user_id, order_id, status, charge_id)
+            .await
+    }
+
+    /// The end of an order Payrail confirmed canceled (with the refunded
+    /// charge, if one was made): `failed`, holds given back, the click
+    /// answered 402 `payment-failed`.
+    pub(super) async fn fail_unclaimed(
+        &self,
+        user_id: &str,
+        order_id: Uuid,
+        charge_id: Option<&String>,
+    ) -> Result<Settlement, CheckoutError> {
+        self.settle_unclaimed_as(user_id, order_id, OrderStatus::Failed, charge_id)
+            .await
+    }
+
+    async fn settle_unclaimed_as(
+        &self,
+        user_id: &str,
+        order_id: Uuid,
+        status: OrderStatus,
+        charge_id: Option<&String>,
+    ) -> Result<Settlement, CheckoutError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let order = match record_decision(&tx, user_id, order_id, outcome).await? {
-            Some(order) => order,
-            // Someone else settled it first, with the same answer from Payrail.
-            None => load(&tx, user_id, order_id).await?.ok_or_else(|| {
-                CheckoutError::Inconsistent(format!("order {order_id} vanished while settling"))
-            })?,
+        let (order, applied) = match settle(&tx, user_id, order_id, status, charge_id).await? {
+            Some(order) => (order, true),
+            None => match load(&tx, user_id, order_id).await? {
+                None => {
+                    return Err(CheckoutError::Inconsistent(format!(
+                        "order {order_id} vanished while settling"
+                    )))
+                }
+                Some(order) if order.status == OrderStatus::PaymentPending => {
+                    return Ok(Settlement::Unsettled)
+                }
+                // Someone else settled it first.
+                Some(order) => (order, false),
+            },
         };
         idempotency::store_for_effect(
             &tx,
@@ -103,7 +158,11 @@ impl Orders {
         )
         .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(if applied {
+            Settlement::Applied(order)
+        } else {
+            Settlement::Already(order)
+        })
     }
 
     /// Asks Payrail again about a pending order, with the order's own key
@@ -121,7 +180,7 @@ impl Orders {
         let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {
             return Ok(None);
         };
-        let outcome = self.payrail.charge(order_id, &order.charge()).await?;
+        let outcome = self.payrail.charge_again(order_id, &order.charge()).await?;
         Ok(Some((order, outcome)))
     }
 }
@@ -148,8 +207,9 @@ fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
     }
 }
 
-/// Settles a pending order (giving a declined order's holds back) and
-/// returns it; `None` when it was settled already.
+/// Settles a pending order (giving the holds of an order not paid back)
+/// and returns it; `None` when it was settled already, or is being
+/// canceled and this is a charge answer, or is not and this is `failed`.
 async fn settle(
     client: &impl GenericClient,
     user_id: &str,
@@ -162,10 +222,11 @@ async fn settle(
             "WITH settled AS (
                  UPDATE orders SET status = $3, charge_id = $4, updated_at = now()
                  WHERE user_id = $1 AND order_id = $2 AND status = 'payment_pending'
+                   AND (cancel_requested_at IS NULL) = ($3 <> 'failed')
                  RETURNING {COLUMNS}
              ), holds_settled AS (
                  UPDATE holds
-                 SET order_id = CASE WHEN $3 = 'declined' THEN NULL ELSE order_id END,
+                 SET order_id = CASE WHEN $3 = 'paid' THEN order_id END,
                      sold = $3 = 'paid'
                  WHERE order_id = $2 AND EXISTS (SELECT 1 FROM settled)
              )

@@ -14,6 +14,8 @@ pub enum OrderStatus {
     PaymentPending,
     Paid,
     Declined,
+    /// Payrail never decided; the charge was canceled there, the holds given back.
+    Failed,
 }
 
 impl OrderStatus {
@@ -23,6 +25,7 @@ impl OrderStatus {
             OrderStatus::PaymentPending => "payment_pending",
             OrderStatus::Paid => "paid",
             OrderStatus::Declined => "declined",
+            OrderStatus::Failed => "failed",
         }
     }
 }
@@ -36,6 +39,7 @@ impl<'a> FromSql<'a> for OrderStatus {
             "payment_pending" => Ok(OrderStatus::PaymentPending),
             "paid" => Ok(OrderStatus::Paid),
             "declined" => Ok(OrderStatus::Declined),
+            "failed" => Ok(OrderStatus::Failed),
             other => Err(format!("unknown order status {other:?}").into()),
         }
     }
@@ -117,6 +121,7 @@ mod tests {
             OrderStatus::PaymentPending,
             OrderStatus::Paid,
             OrderStatus::Declined,
+            OrderStatus::Failed,
         ] {
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(json, format!("\"{}\"", status.as_str()));

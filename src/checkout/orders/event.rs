@@ -1,0 +1,108 @@
+//! Payrail's events, applied: a verified `charge.succeeded` /
+//! `charge.declined` settles the order it names exactly as reconciliation
+//! would (`settle_unclaimed`: the order, its holds, its click's answer, in
+//! one transaction), so an event and the service's own answer can race
+//! without double-settling: whichever comes second finds the order settled.
+//! Deduplication by event id is the caller's (the idempotency engine).
+
+use uuid::Uuid;
+
+use super::settle::Settlement;
+use super::{Order, OrderStatus, Orders};
+use crate::checkout::CheckoutError;
+use crate::payrail::{ChargeOutcome, Event};
+
+/// What became of one event, as `payrail_events_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventResult {
+    /// It settled its order.
+    Applied,
+    /// Its order was settled already, in agreement with it.
+    AlreadySettled,
+    /// The same event again (the engine's replay); nothing changed.
+    Duplicate,
+    /// No order of ours, or a type we do not act on.
+    Unknown,
+    /// Its charge contradicts how the order was settled; nothing changed.
+    Contradicting,
+    /// Not believed: missing, wrong or stale signature; nothing written.
+    BadSignature,
+}
+
+impl EventResult {
+    /// Every value, for the metric's series at zero (`observe`).
+    pub const ALL: [EventResult; 6] = [
+        EventResult::Applied,
+        EventResult::AlreadySettled,
+        EventResult::Duplicate,
+        EventResult::Unknown,
+        EventResult::Contradicting,
+        EventResult::BadSignature,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventResult::Applied => "applied",
+            EventResult::AlreadySettled => "already_settled",
+            EventResult::Duplicate => "duplicate",
+            EventResult::Unknown => "unknown",
+            EventResult::Contradicting => "contradicting",
+            EventResult::BadSignature => "bad_signature",
+        }
+    }
+}
+
+impl Orders {
+    /// Applies a verified event once it is known to be new.
+    pub async fn apply_event(&self, event: &Event) -> Result<EventResult, CheckoutError> {
+        let (Some(order_id), Some(outcome)) = (event.order_id(), event.outcome()) else {
+            return Ok(EventResult::Unknown);
+        };
+        let Some(user_id) = self.buyer_of(order_id).await? else {
+            return Ok(EventResult::Unknown);
+        };
+        Ok(
+            match self.settle_unclaimed(&user_id, order_id, &outcome).await? {
+                Settlement::Applied(_) => EventResult::Applied,
+                Settlement::Already(order) if agrees(&order, &outcome) => {
+                    EventResult::AlreadySettled
+                }
+                Settlement::Already(order) => {
+                    tracing::error!(
+                        %order_id,
+                        event_id = %event.id,
+                        status = order.status.as_str(),
+                        charge_id = ?order.charge_id,
+                        ?outcome,
+                        "a Payrail event contradicts how its order was settled; nothing changed"
+                    );
+                    EventResult::Contradicting
+                }
+                // Being canceled: Payrail's confirmation of the cancel ends it.
+                Settlement::Unsettled => EventResult::AlreadySettled,
+            },
+        )
+    }
+
+    /// The buyer of an order known by its id alone, as events name it.
+    async fn buyer_of(&self, order_id: Uuid) -> Result<Option<String>, CheckoutError> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached("SELECT user_id FROM orders WHERE order_id = $1")
+            .await?;
+        let row = client.query_opt(&statement, &[&order_id]).await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
+}
+
+/// Whether a settled order says what the event says: paid by this charge;
+/// declined; or failed with this very charge refunded (or any decline).
+fn agrees(order: &Order, outcome: &ChargeOutcome) -> bool {
+    match (order.status, outcome) {
+        (OrderStatus::Paid | OrderStatus::Failed, ChargeOutcome::Succeeded { charge_id }) => {
+            order.charge_id.as_ref() == Some(charge_id)
+        }
+        (OrderStatus::Declined | OrderStatus::Failed, ChargeOutcome::Declined { .. }) => true,
+        _ => false,
+    }
+}

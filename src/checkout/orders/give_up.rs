@@ -1,0 +1,52 @@
+//! The end of a payment Payrail never decides (a card that only ever gets
+//! a 500, answers lost for good): the order is marked as being canceled,
+//! its key is canceled at Payrail, and only once Payrail confirms (nothing
+//! charged, or the charge refunded) is it `failed`. Never failed without
+//! that confirmation: until then a charge may still exist.
+
+use uuid::Uuid;
+
+use super::settle::Settlement;
+use super::Orders;
+use crate::checkout::CheckoutError;
+use crate::payrail::Canceled;
+
+impl Orders {
+    /// Gives up on a pending order. The mark comes first, in one
+    /// conditional update that a concurrent settlement cannot both lose
+    /// and win: either the order was settled before (nothing to cancel,
+    /// `None`), or no charge answer settles it from now on. A failed or
+    /// unconfirmed cancel leaves it marked, for the next attempt to cancel
+    /// again (Payrail answers a repeated cancel the same).
+    pub async fn give_up(
+        &self,
+        user_id: &str,
+        order_id: Uuid,
+    ) -> Result<Option<Settlement>, CheckoutError> {
+        if !self.mark_canceling(user_id, order_id).await? {
+            return Ok(None);
+        }
+        let canceled = self.payrail.cancel(order_id).await?;
+        let refunded = match &canceled {
+            Canceled::Nothing => None,
+            Canceled::Refunded { charge_id } => Some(charge_id),
+        };
+        tracing::warn!(%order_id, ?canceled, "gave up on a payment Payrail never decided");
+        Ok(Some(
+            self.fail_unclaimed(user_id, order_id, refunded).await?,
+        ))
+    }
+
+    /// Marks a pending order as being canceled (again, if it already was):
+    /// false when it is settled.
+    async fn mark_canceling(&self, user_id: &str, order_id: Uuid) -> Result<bool, CheckoutError> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE orders SET cancel_requested_at = coalesce(cancel_requested_at, now())
+                 WHERE user_id = $1 AND order_id = $2 AND status = 'payment_pending'",
+            )
+            .await?;
+        Ok(client.execute(&statement, &[&user_id, &order_id]).await? == 1)
+    }
+}

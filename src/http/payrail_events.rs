@@ -1,0 +1,129 @@
+//! `POST /payrail/events`: Payrail's signed events, with no buyer token.
+//! The signature is checked over the raw bytes before anything else
+//! (nothing is written for an event that is not believed); then the event
+//! is applied at most once by its id through the idempotency engine, in a
+//! scope of its own, with the event's bytes as the request, so that a
+//! duplicate, even a concurrent one on another instance, gets the first
+//! answer and changes nothing.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use idempotency::{actix, Done, Engine, IdempotencyKey, Reply, StoredResponse};
+use serde_json::json;
+
+use super::problem::Problem;
+use super::{body, AppState};
+use crate::checkout::orders::EventResult;
+use crate::observe;
+use crate::payrail::{Event, EventKind, Verifier};
+
+/// The idempotency scope event ids are kept in. A scope is compared with
+/// buyer ids, and a buyer id may be any printable string of up to 255
+/// bytes: this one starts with U+0001, a control character no buyer id
+/// (a token's `sub`, checked printable at the door) can hold, so an event
+/// id can never collide with, read or block a buyer's key.
+pub const EVENT_SCOPE: &str = "\u{1}payrail-events";
+/// A duplicate that finds the first delivery still being applied waits this
+/// long for its answer before a 409 (which Payrail retries later).
+const DUPLICATE_WAIT: Duration = Duration::from_secs(5);
+
+/// What receiving events needs: the signature check and an engine of its
+/// own, without the per-buyer limit (every event shares one scope).
+pub struct PayrailEvents {
+    pub verifier: Verifier,
+    pub engine: Engine,
+}
+
+/// `POST /payrail/events`: 404 unless `payrail.webhook_secret` is set.
+#[utoipa::path(
+    post,
+    path = "/payrail/events",
+    operation_id = "receive_payrail_event",
+    tag = "payrail",
+    summary = "Payrail's signed charge events (for Payrail, not for buyers)",
+    description = "No bearer token: the `Payrail-Signature` header (`t=<unix seconds>,v1=<hex \
+        HMAC-SHA256 of \"<t>.<raw body>\">` under `payrail.webhook_secret`) is the proof. \
+        `charge.succeeded` / `charge.declined` settle the order named by `reference`, once per \
+        event id; an unknown, already settled or contradicting event is a 200 that changes \
+        nothing. 404 when `payrail.webhook_secret` is not set.",
+    params(("Payrail-Signature" = String, Header,
+        description = "`t=<unix seconds>,v1=<hex HMAC-SHA256>`, within \
+            `payrail.webhook_tolerance_secs` of now")),
+    security(),
+    request_body(content = String, content_type = "application/json",
+        description = "The event: `{\"id\": \"evt_…\", \"type\", \"created\", \"data\": \
+            {\"charge\": {\"id\", \"status\", \"amount_cents\", \"currency\", \"reference\", \
+            \"idempotency_key\"}}}`"),
+    responses(
+        (status = 200, description = "Received: `{\"result\": \"applied\" | \"already_settled\" \
+            | \"unknown\" | \"contradicting\"}`; a repeat of the event id replays its first \
+            answer with `Idempotent-Replayed: true`",
+            headers(("Idempotent-Replayed" = String, description = "`true` on a repeat"))),
+        (status = 400, description = "`webhook-signature-invalid` (missing, wrong or stale \
+            signature, or a tampered body) or `invalid-request`; nothing is written",
+            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "`not-found`: events are off (no `payrail.webhook_secret`)",
+            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "`request-in-progress`: the same event is being applied \
+            right now; Payrail retries", body = super::problem::ProblemDetails,
+            content_type = "application/problem+json"),
+        super::openapi::ServerFailures,
+    )
+)]
+pub async fn receive(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let Some(events) = &state.events else {
+        return Err(Problem::NotFound("there is nothing at this path"));
+    };
+    let bytes = body::read(&req, payload, state.max_body_bytes).await?;
+    let signature = req.headers().get("Payrail-Signature").map(|v| v.as_bytes());
+    if let Err(error) = events.verifier.verify(signature, &bytes, unix_now()) {
+        observe::payrail_event(EventKind::Unverified, EventResult::BadSignature);
+        tracing::warn!(%error, "a Payrail event was refused");
+        return Err(error.into());
+    }
+    let event: Event = body::json(&bytes)?;
+    let key = IdempotencyKey::parse(event.id.as_bytes())
+        .map_err(|e| Problem::InvalidRequest(format!("the event id is not usable: {e}")))?;
+    let kind = event.kind();
+    let orders = &state.orders;
+    let hash = actix::fingerprint(&req, &bytes);
+    let ran = events
+        .engine
+        .run_waiting(
+            EVENT_SCOPE,
+            &key,
+            &hash,
+            DUPLICATE_WAIT,
+            |_claim| async move {
+                let result = orders.apply_event(&event).await.map_err(Problem::from)?;
+                observe::payrail_event(kind, result);
+                if result == EventResult::Applied {
+                    observe::payrail_event_applied_age(unix_now() as f64 - event.created as f64);
+                }
+                Ok::<_, Problem>(Done::Answer(answer(result)))
+            },
+        )
+        .await?;
+    if let Reply::Replay(_) = ran.reply {
+        observe::payrail_event(kind, EventResult::Duplicate);
+    }
+    Ok(actix::respond(ran.reply)?)
+}
+
+fn answer(result: EventResult) -> StoredResponse {
+    let body = json!({ "result": result.as_str() })
+        .to_string()
+        .into_bytes();
+    StoredResponse::new(200, "application/json", body)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
