@@ -21,6 +21,7 @@ mod migrations;
 mod openapi;
 mod orders;
 mod pool;
+mod provider;
 mod redis_gate;
 mod seats;
 mod security;
