@@ -83,7 +83,13 @@ impl Cli {
 /// Runs a command; its exit status when it did not fail.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load()?;
-    telemetry::init(settings.is_production());
+    let telemetry = telemetry::init(settings.is_production(), &settings.telemetry)?;
+    let status = run_command(cli, settings).await;
+    telemetry.shutdown();
+    status
+}
+
+async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             Application::build(settings)

@@ -27,4 +27,5 @@ mod seats;
 mod security;
 mod storm;
 mod takeover;
+mod trace;
 mod waiting;
