@@ -232,6 +232,12 @@ pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbErro
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     const MIGRATION_LOCK: i64 = 0x5354_4147_4544_4f4f; // "STAGEDOO"
     let mut client = connect(&pg_config(settings)?).await?;
+    // The engine's migration creates its table `IF NOT EXISTS`, which the
+    // service's V3 already made: PostgreSQL's NOTICE about that is expected,
+    // and in the start's log it would read like a fault.
+    client
+        .batch_execute("SET client_min_messages = warning")
+        .await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;

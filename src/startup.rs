@@ -44,7 +44,13 @@ impl Application {
         let pool = db::pool(&settings.database)?;
         if settings.demo.seed {
             let client = pool.get().await.context("connecting to the database")?;
-            seats::seed(&client, DEMO_EVENT, DEMO_SEATS, DEMO_PRICE_CENTS).await?;
+            let seeded = seats::seed(&client, DEMO_EVENT, DEMO_SEATS, DEMO_PRICE_CENTS).await?;
+            tracing::info!(
+                event_id = %seeded.event_id,
+                seats = seeded.seats,
+                created = seeded.created,
+                "the demo event is ready (demo.seed)"
+            );
         }
 
         let sandbox = if settings.payrail.sandbox && settings.payrail.base_url.is_empty() {

@@ -4,7 +4,7 @@
 //! instances are SIGKILLed and restarted, and PostgreSQL restarts once. At the
 //! end every click is retried with its own key until it has an answer, then
 //! the database and Payrail's ledger are checked against the invariants
-//! (README, "What always holds") and against
+//! (docs/DESIGN.md, "What always holds") and against
 //! every answer the buyers saw.
 //!
 //! ```sh

@@ -3,6 +3,7 @@
 use deadpool_postgres::GenericClient;
 use serde::Serialize;
 
+use crate::auth::BuyerId;
 use crate::db::DbError;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -14,6 +15,19 @@ pub struct Seat {
     /// `available`, `held` (a live hold or a pending order) or `sold`.
     #[schema(schema_with = status_schema)]
     pub status: &'static str,
+    /// The caller's own live hold of this seat, not yet in an order (one it
+    /// may pay for or release); `null` for every other seat, so that a page
+    /// loaded after the holds were made still knows which are the buyer's.
+    pub your_hold: Option<YourHold>,
+}
+
+/// A hold of the caller's, as the seat map shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct YourHold {
+    pub hold_id: i64,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
+    pub expires_at: String,
 }
 
 /// The seat statuses `seat_map` gives, for the OpenAPI document.
@@ -39,10 +53,12 @@ pub struct SeedSummary {
     pub price_cents: i64,
 }
 
-/// The seat map of an event, or `None` when there is no such event.
+/// The seat map of an event as `buyer` sees it, or `None` when there is no
+/// such event.
 pub async fn seat_map(
     client: &impl GenericClient,
     event_id: &str,
+    buyer: &BuyerId,
 ) -> Result<Option<SeatMap>, DbError> {
     // PostgreSQL text cannot hold NUL, so no event has such an id; asking
     // would be an encoding error (a 500) instead of a 404.
@@ -58,7 +74,9 @@ pub async fn seat_map(
             "SELECT s.seat_id, s.label, s.price_cents,
                     CASE WHEN h.sold THEN 'sold'
                          WHEN h.hold_id IS NOT NULL THEN 'held'
-                         ELSE 'available' END AS status
+                         ELSE 'available' END AS status,
+                    CASE WHEN h.user_id = $2 AND h.order_id IS NULL THEN h.hold_id END AS your_hold_id,
+                    h.expires_at
              FROM seats s
              LEFT JOIN holds h ON h.seat_id = s.seat_id
                               AND (h.order_id IS NOT NULL OR h.expires_at > now())
@@ -66,13 +84,22 @@ pub async fn seat_map(
              ORDER BY s.seat_id",
         )
         .await?;
-    let rows = client.query(&statement, &[&event_id]).await?;
+    let rows = client
+        .query(&statement, &[&event_id, &buyer.as_str()])
+        .await?;
     if rows.is_empty() && !event_exists(client, event_id).await? {
         return Ok(None);
     }
     let mut seats = Vec::with_capacity(rows.len());
     for row in rows {
         let status: &str = row.try_get("status")?;
+        let your_hold = match row.try_get::<_, Option<i64>>("your_hold_id")? {
+            Some(hold_id) => Some(YourHold {
+                hold_id,
+                expires_at: super::rfc3339(row.try_get("expires_at")?),
+            }),
+            None => None,
+        };
         seats.push(Seat {
             seat_id: row.try_get("seat_id")?,
             label: row.try_get("label")?,
@@ -82,6 +109,7 @@ pub async fn seat_map(
                 "held" => "held",
                 _ => "available",
             },
+            your_hold,
         });
     }
     Ok(Some(SeatMap {

@@ -67,14 +67,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(endpoint("/holds/{hold_id}", Method::DELETE, holds::release))
         .service(endpoint("/orders", Method::POST, orders::create))
         .service(endpoint("/orders/{order_id}", Method::GET, orders::show))
-        .service(endpoint("/demo/", Method::GET, demo::page))
-        .service(endpoint("/demo", Method::GET, demo::redirect))
-        .service(endpoint("/client/checkout.js", Method::GET, client::module))
-        .service(endpoint(
-            "/client/checkout.d.ts",
-            Method::GET,
-            client::types,
-        ));
+        .service(file("/demo/", demo::page))
+        .service(file("/demo", demo::redirect))
+        .service(file("/client/checkout.js", client::module))
+        .service(file("/client/checkout.d.ts", client::types));
 }
 
 /// A path served by one method; the others answer 405 `method-not-allowed`
@@ -85,17 +81,41 @@ where
     Args: FromRequest + 'static,
     F::Output: Responder + 'static,
 {
-    let allow = HeaderValue::from_str(method.as_str()).unwrap_or(HeaderValue::from_static("GET"));
-    web::resource(path)
-        .route(web::method(method).to(handler))
-        .default_service(web::to(move || {
-            let allow = allow.clone();
-            async move {
-                let mut response = Problem::MethodNotAllowed.error_response();
-                response.headers_mut().insert(header::ALLOW, allow);
-                response
-            }
-        }))
+    resource(path, &[method], handler)
+}
+
+/// A file a browser or a cache may probe: `GET`, and `HEAD` with the same
+/// headers and no body (actix leaves the body out of a `HEAD` answer).
+fn file<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    resource(path, &[Method::GET, Method::HEAD], handler)
+}
+
+fn resource<F, Args>(path: &str, methods: &[Method], handler: F) -> actix_web::Resource
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+    let allow = HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static("GET"));
+    let resource = methods
+        .iter()
+        .fold(web::resource(path), |resource, method| {
+            resource.route(web::method(method.clone()).to(handler.clone()))
+        });
+    resource.default_service(web::to(move || {
+        let allow = allow.clone();
+        async move {
+            let mut response = Problem::MethodNotAllowed.error_response();
+            response.headers_mut().insert(header::ALLOW, allow);
+            response
+        }
+    }))
 }
 
 /// Refusals raised outside the handlers (a CORS preflight from an origin

@@ -117,7 +117,7 @@ struct Body<'a> {
 }
 
 impl Problem {
-    /// Status, slug and title: the catalogue of problem types (README, API).
+    /// Status, slug and title: the catalogue of problem types (docs/API.md).
     fn catalogue(&self) -> (StatusCode, &'static str, &'static str) {
         use Problem::*;
         match self {

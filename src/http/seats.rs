@@ -13,7 +13,8 @@ use crate::checkout::seats::{self, SeatMap};
     summary = "The seat map of an event",
     description = "Every seat of the event, in seat order, with its label, price and status: \
         `available`, `held` (a live hold has it, or an order waiting for its payment) or `sold` \
-        (a paid order has it).",
+        (a paid order has it). A seat the caller holds (live, not yet in an order) carries \
+        `your_hold`, the hold's id and expiry; every other seat has `null` there.",
     params(("event_id" = String, Path, description = "The event's id", example = "demo")),
     security(("bearer" = [])),
     responses(
@@ -26,11 +27,11 @@ use crate::checkout::seats::{self, SeatMap};
 )]
 pub async fn seat_map(
     state: web::Data<AppState>,
-    _buyer: Buyer,
+    buyer: Buyer,
     event_id: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
     let client = state.pool.get().await?;
-    let map = seats::seat_map(&client, &event_id)
+    let map = seats::seat_map(&client, &event_id, &buyer.0)
         .await?
         .ok_or(Problem::NotFound("there is no event with this id"))?;
     Ok(HttpResponse::Ok().json(map))

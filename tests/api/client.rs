@@ -142,12 +142,16 @@ async fn every_instance_of_one_build_answers_the_same_tag() {
 }
 
 #[tokio::test]
-async fn other_methods_are_405_with_allow_get() {
+async fn other_methods_are_405_with_allow_get_and_head() {
     let app = spawn_app().await;
-    for (path, _, _) in FILES {
+    for path in FILES.iter().map(|(path, _, _)| *path).chain(["/demo/"]) {
         let response = app.http.post(app.url(path)).send().await.unwrap();
         assert_eq!(response.status(), 405, "{path}");
-        assert_eq!(header(response.headers(), "allow"), Some("GET"), "{path}");
+        assert_eq!(
+            header(response.headers(), "allow"),
+            Some("GET, HEAD"),
+            "{path}"
+        );
     }
 }
 
@@ -169,4 +173,24 @@ async fn a_page_on_an_allowed_origin_may_import_the_module() {
         header(response.headers(), "access-control-allow-origin"),
         Some(shop)
     );
+}
+
+/// A browser, a cache or a link checker probes with `HEAD`: the same status
+/// and headers as `GET`, no body (it was 405).
+#[tokio::test]
+async fn head_answers_the_files_and_the_demo_page_like_get_without_a_body() {
+    let app = spawn_app().await;
+    for path in ["/client/checkout.js", "/client/checkout.d.ts", "/demo/"] {
+        let got = get(&app, path, None).await;
+        let head = app.http.head(app.url(path)).send().await.expect("HEAD");
+        assert_eq!(head.status(), 200, "{path}");
+        for name in ["content-type", "cache-control", "etag", "content-length"] {
+            assert_eq!(
+                header(head.headers(), name),
+                header(got.headers(), name),
+                "{path}: {name}"
+            );
+        }
+        assert!(head.bytes().await.unwrap().is_empty(), "{path}: no body");
+    }
 }

@@ -1,4 +1,4 @@
-//! The invariants (README, "What always holds"), checked at the end of tests
+//! The invariants (docs/DESIGN.md, "What always holds"), checked at the end of tests
 //! by the same checker as the chaos run (`test_support::invariants`), against
 //! the test's database and the sandbox's ledger (the truth about charges).
 

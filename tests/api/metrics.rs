@@ -32,7 +32,7 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
 /// A fresh process (the metrics recorder is process-wide, and other tests
 /// count in this one) lists every series with known labels before any
 /// traffic: at 0, except the pool's sizes, which are read at scrape time.
-/// The label values are the README's, so that code and documentation agree.
+/// The label values are docs/OPERATIONS.md's, so that code and documentation agree.
 #[tokio::test]
 async fn a_fresh_instance_lists_every_known_series_at_zero() {
     let app = spawn_app().await;

@@ -70,3 +70,45 @@ async fn seeding_twice_adds_nothing() {
         .iter()
         .all(|s| s["price_cents"] == 1000));
 }
+
+/// A page loaded after its buyer made holds still knows which seats are the
+/// buyer's: the seat map names the caller's live holds, and nobody else's.
+#[tokio::test]
+async fn the_seat_map_names_the_callers_own_live_holds_and_no_one_elses() {
+    let app = spawn_app().await;
+    let seats = app.seed("gala", 3, 2500).await;
+    let alices = app.hold("alice", seats[0]).await;
+    let ordered = app.hold("alice", seats[1]).await;
+    let order = app
+        .post_order("alice", &new_key(), &[ordered], "pm_card_visa")
+        .await;
+    assert_eq!(order.status(), 201);
+
+    let your_holds = |body: &serde_json::Value| -> Vec<serde_json::Value> {
+        body["seats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["your_hold"].clone())
+            .collect()
+    };
+    let alice = Seen::of(app.get_seats("alice", "gala").await).await.json();
+    let mine = your_holds(&alice);
+    assert_eq!(mine[0]["hold_id"], alices, "alice's live hold");
+    assert!(mine[0]["expires_at"]
+        .as_str()
+        .is_some_and(|at| at.ends_with('Z')));
+    assert_eq!(
+        mine[1],
+        serde_json::Value::Null,
+        "a sold seat is no hold to pay"
+    );
+    assert_eq!(mine[2], serde_json::Value::Null);
+
+    let bob = Seen::of(app.get_seats("bob", "gala").await).await.json();
+    assert_eq!(bob["seats"][0]["status"], "held");
+    assert!(
+        your_holds(&bob).iter().all(serde_json::Value::is_null),
+        "bob sees alice's seat held, not her hold: {bob}"
+    );
+}

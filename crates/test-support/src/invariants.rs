@@ -1,4 +1,4 @@
-//! The checker of the invariants (README, "What always holds") against the
+//! The checker of the invariants (docs/DESIGN.md, "What always holds") against the
 //! two sources of truth: the service's database and Payrail's ledger
 //! ([`crate::sandbox::ledger`], `GET /v1/sandbox/charges`). It needs
 //! nothing but a `tokio_postgres::Client` and the ledger's JSON, so the API

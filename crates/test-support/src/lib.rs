@@ -13,7 +13,7 @@
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
 //! | [`sandbox`] | the Payrail sandbox's control endpoints: faults and the ledger of charges |
-//! | [`invariants`] | the checker of the README's "What always holds" against the tables and the ledger |
+//! | [`invariants`] | the checker of docs/DESIGN.md's "What always holds" against the tables and the ledger |
 //!
 //! It does not depend on the `stagedoor-checkout` library: everything here
 //! speaks to PostgreSQL, to processes and over HTTP, as a client would.
