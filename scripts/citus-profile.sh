@@ -16,7 +16,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
 install_status=0
 scripts/citus.sh install || install_status=$?
 if [[ "$install_status" == 4 ]]; then
-    echo "Citus profile skipped: the Citus extension is not installed and there is no vendored Citus source (../shared/vendor/citus-13.0.5.tar.gz) to build it from"
+    echo "Citus profile skipped: the Citus extension is not installed, and the vendored source to build it from (STAGEDOOR_CITUS_VENDOR, else ../shared/vendor) is missing"
     exit 0
 fi
 [[ "$install_status" == 0 ]] || { echo "Citus profile: installing the extension failed" >&2; exit 1; }
