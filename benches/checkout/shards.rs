@@ -9,10 +9,9 @@
 //!
 //! Then what a click costs each node ([`per_click_costs`]): the PostgreSQL
 //! CPU time of the coordinator and of the workers (every process of each
-//! server, from the kernel's counters), the statements each received
-//! (`pg_stat_statements`: on the coordinator one per round trip of the
-//! service; on a worker one per round trip of the coordinator) and the
-//! two-phase commits (the coordinator's `pg_dist_transaction`), over
+//! server, from the kernel's counters), the statements the coordinator
+//! received (`pg_stat_statements`: one per round trip of the service) and
+//! the two-phase commits (the coordinator's `pg_dist_transaction`), over
 //! [`COST_CLICKS`] clicks of each kind, one at a time.
 
 use std::collections::{HashMap, HashSet};
@@ -282,7 +281,6 @@ struct Cost {
     coordinator_cpu: u64,
     worker_cpu: u64,
     coordinator_statements: f64,
-    worker_statements: f64,
     two_phase: f64,
 }
 
@@ -316,7 +314,7 @@ async fn cost<F: std::future::Future<Output = ()>>(
     let (c0, cs0) = coordinator.sample().await;
     let mut w0 = Vec::new();
     for worker in workers {
-        w0.push(worker.sample().await);
+        w0.push(worker.sample().await.0);
     }
     let n = clicks.len().max(1) as u64;
     for click in clicks {
@@ -324,18 +322,15 @@ async fn cost<F: std::future::Future<Output = ()>>(
     }
     let (c1, cs1) = coordinator.sample().await;
     let committed_2pc = two_phase(coordinator).await - before_2pc;
-    let (mut worker_cpu, mut worker_statements) = (0, 0);
-    for (worker, (cpu0, s0)) in workers.iter().zip(w0) {
-        let (cpu1, s1) = worker.sample().await;
-        worker_cpu += cpu1.saturating_sub(cpu0);
-        worker_statements += s1 - s0;
+    let mut worker_cpu = 0;
+    for (worker, cpu0) in workers.iter().zip(w0) {
+        worker_cpu += worker.sample().await.0.saturating_sub(cpu0);
     }
     let per = |total: i64| total as f64 / n as f64;
     Cost {
         coordinator_cpu: c1.saturating_sub(c0) / n,
         worker_cpu: worker_cpu / n,
         coordinator_statements: per(cs1 - cs0),
-        worker_statements: per(worker_statements),
         two_phase: per(committed_2pc),
     }
 }
@@ -429,8 +424,8 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     )
     .await;
     println!(
-        "  {:<24} {:>16} {:>16} {:>11} {:>11} {:>6}",
-        "", "coordinator CPU", "workers' CPU", "stmts coord", "stmts wrkrs", "2PCs"
+        "  {:<24} {:>16} {:>16} {:>11} {:>6}",
+        "", "coordinator CPU", "workers' CPU", "statements", "2PCs"
     );
     for (name, what, cost) in [
         ("first", "a first click (201)", &first),
@@ -439,11 +434,10 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     ] {
         let ms = |nanos: u64| nanos as f64 / 1e6;
         println!(
-            "  {what:<24} {:>13.3} ms {:>13.3} ms {:>11.1} {:>11.1} {:>6.2}",
+            "  {what:<24} {:>13.3} ms {:>13.3} ms {:>11.1} {:>6.2}",
             ms(cost.coordinator_cpu),
             ms(cost.worker_cpu),
             cost.coordinator_statements,
-            cost.worker_statements,
             cost.two_phase
         );
         let report = &mut bench.report;
@@ -455,10 +449,6 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
         report.set(
             &format!("citus_{name}_coordinator_statements"),
             cost.coordinator_statements,
-        );
-        report.set(
-            &format!("citus_{name}_worker_statements"),
-            cost.worker_statements,
         );
         report.set(&format!("citus_{name}_2pc"), cost.two_phase);
     }
