@@ -11,7 +11,8 @@
 //! CPU time of the coordinator and of the workers (every process of each
 //! server, from the kernel's counters), the statements the coordinator
 //! received (`pg_stat_statements`: one per round trip of the service) and
-//! the two-phase commits (the coordinator's `pg_dist_transaction`), over
+//! the transactions prepared on the workers for two-phase commits (the
+//! coordinator's `pg_dist_transaction`, one per worker of a 2PC), over
 //! [`COST_CLICKS`] clicks of each kind, one at a time.
 
 use std::collections::{HashMap, HashSet};
@@ -281,12 +282,13 @@ struct Cost {
     coordinator_cpu: u64,
     worker_cpu: u64,
     coordinator_statements: f64,
-    two_phase: f64,
+    prepared: f64,
 }
 
-/// The coordinator's two-phase commits still on record: each is one row of
-/// `pg_dist_transaction` per worker it prepared on, until recovery drops it.
-async fn two_phase(coordinator: &Node) -> i64 {
+/// The transactions the coordinator prepared on workers, still on record:
+/// a two-phase commit is one row of `pg_dist_transaction` (one `gid`) per
+/// worker it prepared on, until recovery drops it.
+async fn prepared(coordinator: &Node) -> i64 {
     coordinator
         .client
         .query_one("SELECT count(DISTINCT gid) FROM pg_dist_transaction", &[])
@@ -310,7 +312,7 @@ async fn cost<F: std::future::Future<Output = ()>>(
         .query_one("SELECT recover_prepared_transactions()", &[])
         .await
         .expect("recover_prepared_transactions");
-    let before_2pc = two_phase(coordinator).await;
+    let before = prepared(coordinator).await;
     let (c0, cs0) = coordinator.sample().await;
     let mut w0 = Vec::new();
     for worker in workers {
@@ -321,7 +323,7 @@ async fn cost<F: std::future::Future<Output = ()>>(
         click.await;
     }
     let (c1, cs1) = coordinator.sample().await;
-    let committed_2pc = two_phase(coordinator).await - before_2pc;
+    let prepared_here = prepared(coordinator).await - before;
     let mut worker_cpu = 0;
     for (worker, cpu0) in workers.iter().zip(w0) {
         worker_cpu += worker.sample().await.0.saturating_sub(cpu0);
@@ -331,14 +333,14 @@ async fn cost<F: std::future::Future<Output = ()>>(
         coordinator_cpu: c1.saturating_sub(c0) / n,
         worker_cpu: worker_cpu / n,
         coordinator_statements: per(cs1 - cs0),
-        two_phase: per(committed_2pc),
+        prepared: per(prepared_here),
     }
 }
 
 pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     println!(
         "\n== per click on the cluster ({COST_CLICKS} clicks of each kind, one at a time): \
-         PostgreSQL CPU, statements (round trips) and two-phase commits"
+         PostgreSQL CPU, statements (round trips) and transactions prepared on workers (2PC)"
     );
     let coordinator = Node::open(&bench.pg.bench_url()).await;
     let mut workers = Vec::new();
@@ -425,7 +427,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     .await;
     println!(
         "  {:<24} {:>16} {:>16} {:>11} {:>6}",
-        "", "coordinator CPU", "workers' CPU", "statements", "2PCs"
+        "", "coordinator CPU", "workers' CPU", "statements", "prepared"
     );
     for (name, what, cost) in [
         ("first", "a first click (201)", &first),
@@ -438,7 +440,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
             ms(cost.coordinator_cpu),
             ms(cost.worker_cpu),
             cost.coordinator_statements,
-            cost.two_phase
+            cost.prepared
         );
         let report = &mut bench.report;
         report.set(
@@ -450,6 +452,6 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
             &format!("citus_{name}_coordinator_statements"),
             cost.coordinator_statements,
         );
-        report.set(&format!("citus_{name}_2pc"), cost.two_phase);
+        report.set(&format!("citus_{name}_prepared"), cost.prepared);
     }
 }
