@@ -15,7 +15,9 @@
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
 //! script does: orders, replay, storm, cleanup and shards (the shards of the
-//! cluster each step of a click touches) unless others are named.
+//! cluster each step of a click touches, then what a first click, a replay
+//! and a read cost the coordinator and the workers: PostgreSQL CPU,
+//! statements, two-phase commits) unless others are named.
 
 #[path = "checkout/capacity.rs"]
 mod capacity;
@@ -277,6 +279,7 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     // Only on a cluster (main refuses `shards` named without `--citus`).
     if bench.pg.is_citus() && wants("shards") {
         shards::per_click(&mut bench, &app).await;
+        shards::per_click_costs(&mut bench, &app).await;
     }
     app.stop().await;
     if wants("lost_answers") {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A three-node Citus cluster on this machine: a coordinator and two workers,
 # each its own `initdb` on a port of 127.0.0.1, from the Citus extension
-# installed in the local PostgreSQL. It never builds or fetches Citus.
+# installed in the local PostgreSQL. When the extension is missing it is
+# built from the unmodified source that ../shared/vendor holds (no package
+# archive here carries Citus); nothing of Citus is ever part of this clone.
 #
 #   scripts/citus.sh         start the cluster (or reuse the running one),
 #                            create the database, apply the migrations with
@@ -12,10 +14,16 @@
 #   scripts/citus.sh drop    drop the database from every node
 #   scripts/citus.sh check   exit 0 when the extension is installed, else 3
 #                            with the reason on the first line of stderr
+#   scripts/citus.sh install install the extension when it is missing: the
+#                            vendored tarball (its sha256 checked), Debian's
+#                            build packages, configure, make -j2, make
+#                            install; exit 4 when the tarball is not there
 #
 # Environment: STAGEDOOR_CITUS_DIR (/var/tmp/stagedoor-citus), STAGEDOOR_CITUS_PORT
 # (9700: the coordinator; the workers take the next two), STAGEDOOR_CITUS_DB
-# (stagedoor), STAGEDOOR_BIN (the service binary; else `cargo run --release`).
+# (stagedoor), STAGEDOOR_BIN (the service binary; else `cargo run --release`),
+# STAGEDOOR_CITUS_VENDOR (../shared/vendor), STAGEDOOR_CITUS_BUILD
+# (/var/tmp/citus-build: kept, so a later run only installs).
 #
 # Every node also gets the extension and the node list in its `postgres`
 # database: the test profile (STAGEDOOR_TEST_CITUS=1, DATABASE_URL pointing
@@ -31,6 +39,16 @@ names=(coordinator worker1 worker2)
 
 say() { printf 'citus: %s\n' "$*" >&2; }
 
+# The one Citus this project builds: 13.0.x is the newest that compiles
+# against Debian's PostgreSQL 15 (../shared/CITUS.md). The sum is the one
+# ../shared/vendor/README.md gives.
+citus_version=13.0.5
+citus_sha256=b279cf8b0a0cda459653439ea61388f29e16800e23212ac55d4f17e158f61d40
+vendor="${STAGEDOOR_CITUS_VENDOR:-../shared/vendor}"
+tarball="$vendor/citus-$citus_version.tar.gz"
+build="${STAGEDOOR_CITUS_BUILD:-/var/tmp/citus-build}"
+build_packages=(build-essential postgresql-server-dev-15 libcurl4-openssl-dev liblz4-dev libzstd-dev libkrb5-dev)
+
 bindir="$(pg_config --bindir 2>/dev/null || true)"
 check() {
     if [[ -z "$bindir" ]]; then
@@ -41,12 +59,77 @@ check() {
     libdir="$(pg_config --pkglibdir)"
     sharedir="$(pg_config --sharedir)"
     if [[ ! -f "$libdir/citus.so" || ! -f "$sharedir/extension/citus.control" ]]; then
-        say "the Citus extension is not installed in $(pg_config --version) (no $libdir/citus.so)"
-        say "Install it (README, 'On a Citus cluster'): Citus 13.0.x from citusdata/citus, built with"
-        say "  apt-get install postgresql-server-dev-15 libcurl4-openssl-dev liblz4-dev libzstd-dev libkrb5-dev"
-        say "  ./configure && make -j2 && make install"
+        say "the Citus extension is not installed in $(pg_config --version) (no $libdir/citus.so); scripts/citus.sh install builds it from $tarball"
         return 3
     fi
+}
+
+apt_install() { # package...
+    local missing=() package
+    for package in "$@"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$package")
+    done
+    [[ ${#missing[@]} -gt 0 ]] || return 0
+    say "installing ${missing[*]}"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >&2; then
+        # A machine whose package lists are stale or empty.
+        apt-get -o DPkg::Lock::Timeout=600 update -q >&2
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >&2
+    fi
+}
+
+# Runs a build step with its output in $build/build.log; on failure the end
+# of that log goes to stderr and the script stops.
+build_step() { # description command...
+    local what="$1"
+    shift
+    say "$what"
+    if ! "$@" >>"$build/build.log" 2>&1; then
+        say "FAILED: $what (the last lines of $build/build.log follow)"
+        tail -n 60 "$build/build.log" >&2
+        exit 1
+    fi
+}
+
+install() {
+    if check 2>/dev/null; then
+        return 0
+    fi
+    if [[ ! -f "$tarball" ]]; then
+        say "no vendored Citus source at $tarball: cannot build the extension"
+        return 4
+    fi
+    local sum
+    sum="$(sha256sum "$tarball" | cut -d' ' -f1)"
+    if [[ "$sum" != "$citus_sha256" ]]; then
+        say "$tarball has sha256 $sum, not $citus_sha256: refusing to build it"
+        exit 1
+    fi
+    [[ "$(id -u)" == 0 ]] || { say "installing the extension needs root (apt-get, make install)"; exit 1; }
+    apt_install "${build_packages[@]}"
+    bindir="$(pg_config --bindir)"
+    mkdir -p "$build"
+    # One build at a time: another checkout's CI may get here at once.
+    exec 9>"$build/.lock"
+    flock 9
+    local source="$build/citus-$citus_version"
+    # The marker names the tarball's sum and the server it was built for:
+    # anything else is built again from a fresh extract.
+    local marker="$source/.built-$citus_sha256-$(pg_config --version | tr -c 'A-Za-z0-9.\n' _)"
+    if [[ ! -f "$marker" ]]; then
+        rm -rf "$source"
+        : >"$build/build.log"
+        build_step "extracting $tarball into $build" tar -xzf "$tarball" -C "$build"
+        [[ -d "$source" ]] || { say "$tarball did not extract into $source"; exit 1; }
+        build_step "configuring Citus $citus_version" bash -c "cd '$source' && ./configure"
+        build_step "building Citus $citus_version (make -j2, a few minutes)" make -C "$source" -j2
+        touch "$marker"
+    fi
+    build_step "installing Citus $citus_version into $(pg_config --pkglibdir)" make -C "$source" install
+    flock -u 9
+    check
+    say "Citus $citus_version installed"
 }
 
 # The server runs as `postgres` when root starts it: PostgreSQL refuses root.
@@ -71,7 +154,9 @@ start_node() { # name port
 port = $port
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
-shared_preload_libraries = 'citus'
+# pg_stat_statements: the bench's Citus mode counts each node's statements
+# per click with it.
+shared_preload_libraries = 'citus,pg_stat_statements'
 max_connections = 300
 max_prepared_transactions = 300
 # Citus runs a maintenance worker per database: the tests make many.
@@ -104,7 +189,7 @@ SQL
 }
 
 up() {
-    check
+    install
     mkdir -p "$dir"
     if [[ "$(id -u)" == 0 ]]; then chown postgres:postgres "$dir"; fi
     local i
@@ -149,8 +234,9 @@ up) up ;;
 stop) stop ;;
 drop) drop ;;
 check) check ;;
+install) install ;;
 *)
-    say "usage: scripts/citus.sh [up|stop|drop|check]"
+    say "usage: scripts/citus.sh [up|stop|drop|check|install]"
     exit 2
     ;;
 esac

@@ -18,9 +18,11 @@ use crate::{db, telemetry};
 /// Stagedoor checkout: seat holds and orders where one click is one order
 /// and at most one charge.
 ///
-/// Settings come from config/default.toml, then config/$STAGEDOOR_ENV.toml
-/// (local when unset), then STAGEDOOR__SECTION__KEY environment variables;
-/// DATABASE_URL wins for the database.
+/// Settings: the defaults built in (those of config/default.toml and
+/// config/$STAGEDOOR_ENV.toml, local when unset), overridden by the same
+/// files in $STAGEDOOR_CONFIG_DIR (./config when unset) where they exist,
+/// then by STAGEDOOR__SECTION__KEY environment variables; DATABASE_URL wins
+/// for the database. An unknown key stops every command.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 pub struct Cli {
@@ -36,7 +38,7 @@ enum Command {
     Migrate,
     /// Print a signed bearer token for a buyer (development and tests).
     Token {
-        /// The buyer's id: 1-64 characters of A-Z a-z 0-9 _ . -
+        /// The buyer's id: 1-255 bytes of printable text (e.g. auth0|64f0c2...)
         #[arg(long)]
         sub: String,
         /// How long the token is valid, in seconds.
@@ -81,7 +83,13 @@ impl Cli {
 /// Runs a command; its exit status when it did not fail.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load()?;
-    telemetry::init(settings.is_production());
+    let telemetry = telemetry::init(settings.is_production(), &settings.telemetry)?;
+    let status = run_command(cli, settings).await;
+    telemetry.shutdown();
+    status
+}
+
+async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             Application::build(settings)
@@ -95,6 +103,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Token { sub, ttl_secs } => {
             let buyer = BuyerId::parse(&sub).context("--sub")?;
+            anyhow::ensure!(
+                settings.auth.jwt_secret_is_set(),
+                "the token command signs with auth.jwt_secret, which is empty"
+            );
             let token = Tokens::new(&settings.auth.jwt_secret)?
                 .sign(&buyer, Duration::from_secs(ttl_secs))?;
             println!("{token}");

@@ -1,14 +1,29 @@
-//! Typed, layered settings: `config/default.toml`, then
-//! `config/<STAGEDOOR_ENV>.toml` (`local` when unset), then
-//! `STAGEDOOR__<SECTION>__<KEY>` environment variables; `DATABASE_URL` wins
-//! for the database. Loaded once at start and passed down, never global, so
-//! tests can build the settings they need.
+//! Typed, layered settings: the defaults built into the binary
+//! (`config/default.toml`, then the `config/<STAGEDOOR_ENV>.toml` of the
+//! repository, `local` when unset), then the files of `STAGEDOOR_CONFIG_DIR`
+//! (default `./config`) where they exist, then `STAGEDOOR__<SECTION>__<KEY>`
+//! environment variables; `DATABASE_URL` wins for the database. Loaded once
+//! at start and passed down, never global, so tests can build the settings
+//! they need.
+//!
+//! Strict: a key that no field below declares, in a file or a variable, is
+//! an error naming it and the nearest known key, never silently ignored.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use config::{Config, Environment, File, FileFormat, Value, ValueKind};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+
+/// The layers built into the binary, so that it runs from any directory.
+const DEFAULT_LAYER: &str = include_str!("../config/default.toml");
+const BUILT_IN_LAYERS: [(&str, &str); 2] = [
+    ("local", include_str!("../config/local.toml")),
+    ("production", include_str!("../config/production.toml")),
+];
+const ENV_PREFIX: &str = "STAGEDOOR";
+const ENV_SEPARATOR: &str = "__";
 
 /// A setting that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +32,33 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("configuration key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+    #[error("{}", unknown.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Unknown { unknown: Vec<UnknownKey> },
+    #[error("configuration: no built-in layer and no file {0} for STAGEDOOR_ENV")]
+    NoLayer(PathBuf),
+}
+
+/// A key some layer sets that no setting declares.
+#[derive(Debug)]
+pub struct UnknownKey {
+    pub key: String,
+    /// Where it was set: a variable's name or a file's path.
+    pub origin: String,
+    pub nearest: Option<String>,
+}
+
+impl std::fmt::Display for UnknownKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown configuration key `{}` (set by {})",
+            self.key, self.origin
+        )?;
+        match &self.nearest {
+            Some(nearest) => write!(f, "; the nearest known key is `{nearest}`"),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -32,6 +74,7 @@ pub struct Settings {
     pub holds: HoldSettings,
     pub http: HttpSettings,
     pub demo: DemoSettings,
+    pub telemetry: TelemetrySettings,
     /// The name of the layer that was applied (`STAGEDOOR_ENV`).
     #[serde(skip)]
     pub environment: String,
@@ -66,6 +109,29 @@ pub struct DatabaseSettings {
 pub struct AuthSettings {
     /// HS256 secret; empty means not configured.
     pub jwt_secret: SecretString,
+    /// The identity provider's JWKS document; empty = none.
+    pub jwks_url: String,
+    /// The identity provider's issuer URL, read through OpenID discovery
+    /// (`jwks_uri` and `issuer`); instead of `jwks_url`.
+    pub oidc_issuer: String,
+    /// The `iss` provider tokens must carry; empty = not checked (with
+    /// `oidc_issuer`, the discovered issuer is checked).
+    pub issuer: String,
+    /// The `aud` provider tokens must carry; required in production.
+    pub audience: String,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway_secs: u64,
+}
+
+impl AuthSettings {
+    pub fn jwt_secret_is_set(&self) -> bool {
+        !self.jwt_secret.expose_secret().is_empty()
+    }
+
+    /// Whether an identity provider is configured.
+    pub fn has_provider(&self) -> bool {
+        !self.jwks_url.is_empty() || !self.oidc_issuer.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -152,8 +218,16 @@ pub struct DemoSettings {
     pub seed: bool,
 }
 
+/// Tracing beyond the logs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TelemetrySettings {
+    /// An OTLP/HTTP collector (`http://collector:4318`; `/v1/traces` is
+    /// added) to export spans to; empty = no export.
+    pub otlp_endpoint: String,
+}
+
 impl Settings {
-    /// Loads the layers from `STAGEDOOR_CONFIG_DIR` (default `./config`).
+    /// Loads the layers over `STAGEDOOR_CONFIG_DIR` (default `./config`).
     pub fn load() -> Result<Self, ConfigError> {
         let dir = std::env::var_os("STAGEDOOR_CONFIG_DIR")
             .map(PathBuf::from)
@@ -162,21 +236,38 @@ impl Settings {
         Self::load_from(&dir, &environment)
     }
 
+    /// Loads the built-in layers, then `dir`'s files for `environment`,
+    /// then the environment variables.
     pub fn load_from(dir: &Path, environment: &str) -> Result<Self, ConfigError> {
-        let layered = config::Config::builder()
-            .add_source(config::File::from(dir.join("default.toml")))
-            .add_source(config::File::from(dir.join(format!("{environment}.toml"))))
-            .add_source(
-                config::Environment::with_prefix("STAGEDOOR")
-                    .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true)
-                    .list_separator(",")
-                    .with_list_parse_key("http.cors_origins"),
-            )
+        let built_in = BUILT_IN_LAYERS
+            .iter()
+            .find(|(name, _)| *name == environment)
+            .map(|(_, text)| *text);
+        let env_file = dir.join(format!("{environment}.toml"));
+        if built_in.is_none() && !env_file.is_file() {
+            return Err(ConfigError::NoLayer(env_file));
+        }
+        let files = [dir.join("default.toml"), env_file];
+        let mut builder =
+            Config::builder().add_source(File::from_str(DEFAULT_LAYER, FileFormat::Toml));
+        if let Some(text) = built_in {
+            builder = builder.add_source(File::from_str(text, FileFormat::Toml));
+        }
+        for file in &files {
+            builder = builder.add_source(File::from(file.as_path()).required(false));
+        }
+        let layered = builder
+            .add_source(environment_variables())
             .set_override_option("database.url", std::env::var("DATABASE_URL").ok())?
             .build()?;
-        let mut settings: Settings = layered.try_deserialize()?;
+        let mut ignored = Vec::new();
+        let mut settings: Settings =
+            serde_ignored::deserialize(layered.clone(), |path| ignored.push(path.to_string()))?;
+        if !ignored.is_empty() {
+            return Err(ConfigError::Unknown {
+                unknown: unknown_keys(&layered, &ignored, &files)?,
+            });
+        }
         settings.environment = environment.to_owned();
         settings.validate()?;
         Ok(settings)
@@ -202,16 +293,7 @@ impl Settings {
                  be \"paid\" without a charge; set payrail.base_url and payrail.sandbox = false",
             );
         }
-        let secret = self.auth.jwt_secret.expose_secret();
-        if secret.is_empty() {
-            return invalid(
-                "auth.jwt_secret",
-                "is empty: set STAGEDOOR__AUTH__JWT_SECRET (STAGEDOOR_ENV=local has a dev one)",
-            );
-        }
-        if secret.len() < 16 {
-            return invalid("auth.jwt_secret", "must be at least 16 bytes");
-        }
+        self.validate_auth()?;
         let webhook_secret = self.payrail.webhook_secret.expose_secret();
         if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
             return invalid(
@@ -269,6 +351,140 @@ impl Settings {
             if value == 0 {
                 return invalid(key, "must be at least 1");
             }
+        }
+        Ok(())
+    }
+}
+
+/// `STAGEDOOR__<SECTION>__<KEY>`, lists split at commas.
+fn environment_variables() -> Environment {
+    Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator(ENV_SEPARATOR)
+        .separator(ENV_SEPARATOR)
+        .try_parsing(true)
+        .list_separator(",")
+        .with_list_parse_key("http.cors_origins")
+}
+
+/// Names each key the settings ignored (a whole unknown section by its
+/// keys), where it was set, and the nearest key the defaults declare.
+fn unknown_keys(
+    layered: &Config,
+    ignored: &[String],
+    files: &[PathBuf],
+) -> Result<Vec<UnknownKey>, ConfigError> {
+    let known = leaf_keys(
+        &Config::builder()
+            .add_source(File::from_str(DEFAULT_LAYER, FileFormat::Toml))
+            .build()?
+            .cache,
+    );
+    let variables = Config::builder()
+        .add_source(environment_variables())
+        .build()?;
+    let mut unknown = Vec::new();
+    for path in ignored {
+        let value = layered.get::<Value>(path)?;
+        for key in leaf_keys(&value).into_iter().map(|leaf| join(path, &leaf)) {
+            let origin = if variables.get::<Value>(&key).is_ok() {
+                format!(
+                    "{ENV_PREFIX}{ENV_SEPARATOR}{}",
+                    key.to_uppercase().replace('.', ENV_SEPARATOR)
+                )
+            } else {
+                files
+                    .iter()
+                    .find(|file| {
+                        Config::builder()
+                            .add_source(File::from(file.as_path()).required(false))
+                            .build()
+                            .is_ok_and(|layer| layer.get::<Value>(&key).is_ok())
+                    })
+                    .map_or_else(
+                        || "a configuration file".to_owned(),
+                        |file| file.display().to_string(),
+                    )
+            };
+            let nearest = known
+                .iter()
+                .map(|candidate| (strsim::levenshtein(&key, candidate), candidate))
+                .min()
+                .filter(|(distance, _)| *distance <= key.len().max(4) / 2)
+                .map(|(_, candidate)| candidate.clone());
+            unknown.push(UnknownKey {
+                key,
+                origin,
+                nearest,
+            });
+        }
+    }
+    Ok(unknown)
+}
+
+/// The dotted paths of a value's leaves (`""` for a leaf itself).
+fn leaf_keys(value: &Value) -> Vec<String> {
+    match &value.kind {
+        ValueKind::Table(table) => table
+            .iter()
+            .flat_map(|(name, child)| {
+                leaf_keys(child)
+                    .into_iter()
+                    .map(move |leaf| join(name, &leaf))
+            })
+            .collect(),
+        _ => vec![String::new()],
+    }
+}
+
+fn join(parent: &str, child: &str) -> String {
+    match (parent.is_empty(), child.is_empty()) {
+        (_, true) => parent.to_owned(),
+        (true, false) => child.to_owned(),
+        (false, false) => format!("{parent}.{child}"),
+    }
+}
+
+impl Settings {
+    fn validate_auth(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        let auth = &self.auth;
+        if !auth.jwt_secret_is_set() && !auth.has_provider() {
+            return invalid(
+                "auth.jwt_secret",
+                "is empty and no identity provider is set: set STAGEDOOR__AUTH__JWT_SECRET, \
+                 or STAGEDOOR__AUTH__JWKS_URL / STAGEDOOR__AUTH__OIDC_ISSUER \
+                 (STAGEDOOR_ENV=local has a dev secret)",
+            );
+        }
+        if auth.jwt_secret_is_set() && auth.jwt_secret.expose_secret().len() < 16 {
+            return invalid("auth.jwt_secret", "must be at least 16 bytes");
+        }
+        if !auth.jwks_url.is_empty() && !auth.oidc_issuer.is_empty() {
+            return invalid(
+                "auth.oidc_issuer",
+                "is set together with auth.jwks_url: set one of the two",
+            );
+        }
+        for (key, url) in [
+            ("auth.jwks_url", &auth.jwks_url),
+            ("auth.oidc_issuer", &auth.oidc_issuer),
+            ("telemetry.otlp_endpoint", &self.telemetry.otlp_endpoint),
+        ] {
+            if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+                return invalid(key, "must start with http:// or https://");
+            }
+        }
+        if self.is_production() && auth.has_provider() && auth.audience.is_empty() {
+            return invalid(
+                "auth.audience",
+                "is empty in production: without it, a token the identity provider issued \
+                 for any other application would be accepted; set STAGEDOOR__AUTH__AUDIENCE",
+            );
         }
         Ok(())
     }
@@ -378,6 +594,23 @@ mod tests {
     }
 
     #[test]
+    fn production_with_a_provider_needs_an_audience_and_no_secret() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        settings.environment = "production".into();
+        settings.payrail.sandbox = false;
+        settings.payrail.base_url = "https://payrail.example".into();
+        settings.auth.jwt_secret = SecretString::from(String::new());
+        settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("auth.audience"), "{err}");
+        settings.auth.audience = "https://checkout.shop.example".into();
+        assert!(settings.validate().is_ok());
+        settings.auth.oidc_issuer = "https://login.shop.example".into();
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("auth.oidc_issuer"), "{err}");
+    }
+
+    #[test]
     fn cors_origins_must_be_exact_origins() {
         let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
         for bad in ["*", "shop.example", "https://shop.example/", "https://"] {
@@ -390,6 +623,68 @@ mod tests {
         }
         settings.http.cors_origins = vec!["http://localhost:3000".into()];
         assert!(settings.validate().is_ok());
+    }
+
+    /// A config dir of its own with these files (the built-in layers under them).
+    fn dir_with(test: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("stagedoor-config-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn the_built_in_layers_need_no_directory() {
+        let settings = Settings::load_from(Path::new("/nonexistent"), "local").unwrap();
+        assert!(settings.payrail.sandbox);
+        assert!(!settings.auth.jwt_secret.expose_secret().is_empty());
+    }
+
+    #[test]
+    fn a_file_overrides_the_built_in_defaults() {
+        let dir = dir_with("override", &[("local.toml", "[server]\nport = 9999\n")]);
+        let settings = Settings::load_from(&dir, "local").unwrap();
+        assert_eq!(settings.server.port, 9999);
+        assert!(settings.payrail.sandbox, "the built-in local layer stays");
+    }
+
+    #[test]
+    fn an_unknown_key_in_a_file_is_named_with_the_nearest_known_one() {
+        let dir = dir_with(
+            "unknown",
+            &[(
+                "default.toml",
+                "[database]\npool_sise = 3\n[idempotncy]\nttl_secs = 5\n",
+            )],
+        );
+        let err = Settings::load_from(&dir, "local").unwrap_err().to_string();
+        for expected in [
+            "`database.pool_sise`",
+            "`database.pool_size`",
+            "`idempotncy.ttl_secs`",
+            "`idempotency.ttl_secs`",
+            "default.toml",
+        ] {
+            assert!(err.contains(expected), "{expected}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_declared_key_is_in_the_built_in_defaults() {
+        // The defaults are the list of known keys the errors suggest from.
+        let layered = Config::builder()
+            .add_source(File::from_str(DEFAULT_LAYER, FileFormat::Toml))
+            .build()
+            .unwrap();
+        let mut ignored = Vec::new();
+        let parsed: Result<Settings, _> =
+            serde_ignored::deserialize(layered, |path| ignored.push(path.to_string()));
+        assert!(parsed.is_ok(), "{:?}", parsed.err());
+        assert!(ignored.is_empty(), "{ignored:?}");
     }
 
     #[test]

@@ -40,6 +40,8 @@ const ORDERS_PENDING: &str = "orders_pending";
 const CLEANUP_RUNS: &str = "cleanup_runs_total";
 const CLEANUP_ROWS_DELETED: &str = "cleanup_rows_deleted_total";
 const DB_POOL_CONNECTIONS: &str = "db_pool_connections";
+const AUTH_KEY_FETCHES: &str = "auth_key_fetches_total";
+const AUTH_KEYS_STALE: &str = "auth_keys_stale";
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -128,6 +130,14 @@ fn describe() {
         DB_POOL_CONNECTIONS,
         "Database pool connections by state, at scrape time"
     );
+    describe_counter!(
+        AUTH_KEY_FETCHES,
+        "Fetches of the identity provider's key set, by result"
+    );
+    describe_gauge!(
+        AUTH_KEYS_STALE,
+        "1 while the last fetch of the identity provider's keys failed"
+    );
 }
 
 /// Every series with known labels, at zero (`increment(0)` registers a
@@ -169,6 +179,10 @@ fn register_at_zero() {
     for state in PoolState::ALL {
         db_pool_connections(state).increment(0.0);
     }
+    for ok in [true, false] {
+        auth_key_fetches(ok).increment(0);
+    }
+    auth_keys_stale().increment(0.0);
 }
 
 fn idempotency_outcomes(outcome: idempotency::Outcome) -> Counter {
@@ -229,6 +243,21 @@ fn cleanup_runs(result: cleanup::RunResult) -> Counter {
 
 fn cleanup_rows_deleted() -> Counter {
     counter!(CLEANUP_ROWS_DELETED)
+}
+
+fn auth_key_fetches(ok: bool) -> Counter {
+    counter!(AUTH_KEY_FETCHES, "result" => if ok { "ok" } else { "failed" })
+}
+
+fn auth_keys_stale() -> Gauge {
+    gauge!(AUTH_KEYS_STALE)
+}
+
+/// A fetch of the identity provider's key set ended; a failed one makes
+/// the keys in use stale until the next good one.
+pub fn auth_keys_fetched(ok: bool) {
+    auth_key_fetches(ok).increment(1);
+    auth_keys_stale().set(if ok { 0.0 } else { 1.0 });
 }
 
 fn db_pool_connections(state: PoolState) -> Gauge {

@@ -11,11 +11,13 @@ use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use deadpool_postgres::Pool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use idempotency::{AnswerCache, Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
-use crate::auth::Tokens;
+use crate::auth::{KeySource, Provider, Verifier};
 use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
@@ -35,6 +37,7 @@ pub struct Application {
     pool: Pool,
     server: Server,
     jobs: Jobs,
+    key_refresh: Option<KeyRefresh>,
     sandbox: Option<EmbeddedSandbox>,
 }
 
@@ -72,7 +75,16 @@ impl Application {
             || settings.payrail.base_url.clone(),
             EmbeddedSandbox::base_url,
         );
-        let state = web::Data::new(state(&settings, pool.clone(), &payrail_url).await?);
+        let mut state = state(&settings, pool.clone(), &payrail_url).await?;
+        let key_refresh = match KeySource::from_settings(&settings.auth) {
+            Some(source) => {
+                let provider = Provider::new(source, &settings.auth)?;
+                state.verifier = state.verifier.with_provider(provider.clone());
+                Some(KeyRefresh::start(provider).await)
+            }
+            None => None,
+        };
+        let state = web::Data::new(state);
         let (orders, limit) = (state.orders.clone(), state.limit.clone());
         let cors_origins = settings.http.cors_origins.clone();
         let mut server = HttpServer::new(move || {
@@ -97,6 +109,7 @@ impl Application {
             pool,
             server,
             jobs,
+            key_refresh,
             sandbox,
         })
     }
@@ -123,6 +136,9 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         self.jobs.stop().await;
+        if let Some(refresh) = self.key_refresh {
+            refresh.stop().await;
+        }
         if let Some(sandbox) = self.sandbox {
             sandbox.stop().await;
         }
@@ -174,12 +190,34 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
         limit,
         pool,
-        tokens: Tokens::new(&settings.auth.jwt_secret).context("auth.jwt_secret")?,
+        verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,
         hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
         max_body_bytes: settings.http.max_body_bytes,
         events,
     })
+}
+
+/// The background refresh of the identity provider's keys, after a first
+/// fetch at start; a provider that does not answer yet delays nothing
+/// (readiness says so until a set arrives).
+struct KeyRefresh {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl KeyRefresh {
+    async fn start(provider: Provider) -> Self {
+        let next = provider.refresh().await.unwrap_or(Duration::from_secs(1));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(provider.run(next, cancel.clone()));
+        Self { cancel, task }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
 }
 
 /// Creates the database when allowed, then applies pending migrations;

@@ -1,37 +1,122 @@
-//! Logging: a tracing subscriber (JSON in production, human text elsewhere)
-//! and a root span per request carrying its id, method, path, status and
-//! latency. Secrets never reach a field.
+//! Logging and tracing: a tracing subscriber (JSON in production, human
+//! text elsewhere), a root span per request carrying its id, trace id,
+//! method, path, status and latency, and W3C Trace Context: a request's
+//! `traceparent` / `tracestate` make its span a child of the caller's (else
+//! it starts a trace), and calls out (Payrail) carry the current span as
+//! their parent ([`trace_headers`]). With `telemetry.otlp_endpoint` set, the
+//! spans are exported over OTLP/HTTP. Secrets never reach a field.
 
 use std::io::IsTerminal;
 use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::{Layer as _, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 use uuid::Uuid;
 
+use crate::config::TelemetrySettings;
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const SERVICE_NAME: &str = "stagedoor-checkout";
+
+/// The installed tracing pipeline; [`Telemetry::shutdown`] sends the spans
+/// still buffered before the process exits.
+pub struct Telemetry(Option<SdkTracerProvider>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration key `telemetry.otlp_endpoint`: {0}")]
+pub struct TelemetryError(#[from] opentelemetry_otlp::ExporterBuildError);
 
 /// Installs the global subscriber once; later calls (tests) are no-ops.
 /// `RUST_LOG` overrides the default level.
-pub fn init(json: bool) {
+pub fn init(json: bool, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
+    let mut provider = SdkTracerProvider::builder()
+        .with_resource(Resource::builder().with_service_name(SERVICE_NAME).build());
+    if !settings.otlp_endpoint.is_empty() {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(traces_url(&settings.otlp_endpoint))
+            .build()?;
+        provider = provider.with_batch_exporter(exporter);
+    }
+    let provider = provider.build();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().flatten_event(true).try_init()
+    let fmt = if json {
+        fmt.json().flatten_event(true).boxed()
     } else {
-        builder.try_init()
+        fmt.boxed()
     };
+    let installed = tracing_subscriber::registry()
+        .with(fmt)
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer(SERVICE_NAME)))
+        .with(filter)
+        .try_init();
+    Ok(Telemetry(installed.is_ok().then_some(provider)))
+}
+
+impl Telemetry {
+    pub fn shutdown(self) {
+        if let Some(provider) = self.0 {
+            if let Err(error) = provider.shutdown() {
+                tracing::warn!(%error, "could not send the last spans");
+            }
+        }
+    }
+}
+
+/// The collector's traces URL: `<endpoint>/v1/traces`, as OTLP/HTTP names it.
+fn traces_url(endpoint: &str) -> String {
+    let endpoint = endpoint.trim_end_matches('/');
+    if endpoint.ends_with("/v1/traces") {
+        endpoint.to_owned()
+    } else {
+        format!("{endpoint}/v1/traces")
+    }
+}
+
+/// The `traceparent` (and `tracestate`) of the current span, for a call
+/// out; empty when no trace is being recorded.
+pub fn trace_headers() -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let context = tracing::Span::current().context();
+    TraceContextPropagator::new().inject_context(
+        &context,
+        &mut opentelemetry_http::HeaderInjector(&mut headers),
+    );
+    headers
+}
+
+/// A request's headers as the propagator reads them.
+struct RequestHeaders<'a>(&'a HeaderMap);
+
+impl Extractor for RequestHeaders<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
 }
 
 /// Middleware: one span per request and one line when it ends. A sane
-/// incoming `X-Request-Id` is kept, else one is made; either way it is echoed.
+/// incoming `X-Request-Id` is kept, else one is made; either way it is
+/// echoed. A valid `traceparent` makes the span its child.
 pub async fn log_request(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -46,9 +131,18 @@ pub async fn log_request(
     let span = tracing::info_span!(
         "request",
         %request_id,
+        trace_id = tracing::field::Empty,
         method = %req.method(),
         path = %req.path(),
+        otel.name = %format_args!("{} {}", req.method(), req.path()),
     );
+    let parent = TraceContextPropagator::new().extract(&RequestHeaders(req.headers()));
+    // Without a tracing pipeline (a library use) the span has no context.
+    let _ = span.set_parent(parent);
+    let trace_id = span.context().span().span_context().trace_id();
+    if trace_id != opentelemetry::trace::TraceId::INVALID {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
     let mut response = next.call(req).instrument(span.clone()).await?;
     let status = response.status().as_u16();
     let elapsed = started.elapsed().as_secs_f64();

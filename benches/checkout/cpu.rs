@@ -18,6 +18,13 @@ pub fn watch_postgres(backend: u32) {
     }
 }
 
+/// The run time so far, in nanoseconds, of the PostgreSQL server that
+/// `backend` (a `pg_backend_pid()` of it) belongs to: its postmaster and
+/// every process it started. Zero when that server is not on this machine.
+pub fn postgres_of(backend: u32) -> u64 {
+    parent(backend).map_or(0, postgres)
+}
+
 /// CPU time in nanoseconds, by who spent it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {

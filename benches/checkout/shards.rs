@@ -6,12 +6,20 @@
 //! same hash range are co-located (one shard group, on one worker) and count
 //! once. Nothing else runs meanwhile: the instance's background jobs wait an
 //! hour, and the steps go one at a time.
+//!
+//! Then what a click costs each node ([`per_click_costs`]): the PostgreSQL
+//! CPU time of the coordinator and of the workers (every process of each
+//! server, from the kernel's counters), the statements the coordinator
+//! received (`pg_stat_statements`: one per round trip of the service) and
+//! the transactions prepared on the workers for two-phase commits (the
+//! coordinator's `pg_dist_transaction`, one per worker of a 2PC), over
+//! [`COST_CLICKS`] clicks of each kind, one at a time.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::jobs::cleanup::Cleanup;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
@@ -19,9 +27,9 @@ use stagedoor_checkout::{http, payrail};
 use uuid::Uuid;
 
 use crate::fixtures::order_body;
-use crate::postgres;
 use crate::servers::RunningApp;
 use crate::Bench;
+use crate::{cpu, postgres};
 
 /// How long an idle backend takes at most to report its counters: at once
 /// when it goes idle, unless it reported less than a second before; then
@@ -208,4 +216,242 @@ pub async fn per_click(bench: &mut Bench, app: &RunningApp) {
         },
     )
     .await;
+}
+
+/// Clicks of each kind that [`per_click_costs`] divides by.
+const COST_CLICKS: usize = 40;
+
+/// A monitoring connection to the bench database of one node, and the
+/// pid of its backend (whose postmaster's processes are the node's CPU).
+struct Node {
+    client: tokio_postgres::Client,
+    backend: u32,
+    /// Whether `pg_stat_statements` is loaded there (scripts/citus.sh
+    /// preloads it on the nodes it makes).
+    statements: bool,
+}
+
+impl Node {
+    async fn open(url: &str) -> Self {
+        let client = postgres::connect(url).await;
+        let backend: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("backend pid")
+            .get(0);
+        let statements = client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .is_ok()
+            && client
+                .batch_execute("SELECT pg_stat_statements_reset()")
+                .await
+                .is_ok();
+        Self {
+            client,
+            backend: backend.unsigned_abs(),
+            statements,
+        }
+    }
+
+    /// (CPU nanoseconds, statements) so far; the monitor's own statements
+    /// (this backend's) left out.
+    async fn sample(&self) -> (u64, i64) {
+        let statements = if self.statements {
+            self.client
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+                     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                       AND query NOT LIKE '%pg_stat_statements%'
+                       AND query NOT LIKE '%pg_dist_transaction%'
+                       AND query NOT LIKE '%recover_prepared_transactions%'",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_statements")
+                .get(0)
+        } else {
+            0
+        };
+        (cpu::postgres_of(self.backend), statements)
+    }
+}
+
+/// What one kind of click cost, per click, on each side.
+struct Cost {
+    coordinator_cpu: u64,
+    worker_cpu: u64,
+    coordinator_statements: f64,
+    prepared: f64,
+}
+
+/// The transactions the coordinator prepared on workers, still on record:
+/// a two-phase commit is one row of `pg_dist_transaction` (one `gid`) per
+/// worker it prepared on, until recovery drops it.
+async fn prepared(coordinator: &Node) -> i64 {
+    coordinator
+        .client
+        .query_one("SELECT count(DISTINCT gid) FROM pg_dist_transaction", &[])
+        .await
+        .expect("pg_dist_transaction")
+        .get(0)
+}
+
+/// Runs `clicks` (each a future making one click), one at a time, and says
+/// what they cost per click.
+async fn cost<F: std::future::Future<Output = ()>>(
+    coordinator: &Node,
+    workers: &[Node],
+    clicks: Vec<F>,
+) -> Cost {
+    // The records of earlier commits go first, so that what remains after
+    // the clicks is theirs (the maintenance daemon's own recovery, once a
+    // minute, could still drop some: the count is then low, never high).
+    coordinator
+        .client
+        .query_one("SELECT recover_prepared_transactions()", &[])
+        .await
+        .expect("recover_prepared_transactions");
+    let before = prepared(coordinator).await;
+    let (c0, cs0) = coordinator.sample().await;
+    let mut w0 = Vec::new();
+    for worker in workers {
+        w0.push(worker.sample().await.0);
+    }
+    let n = clicks.len().max(1) as u64;
+    for click in clicks {
+        click.await;
+    }
+    let (c1, cs1) = coordinator.sample().await;
+    let prepared_here = prepared(coordinator).await - before;
+    let mut worker_cpu = 0;
+    for (worker, cpu0) in workers.iter().zip(w0) {
+        worker_cpu += worker.sample().await.0.saturating_sub(cpu0);
+    }
+    let per = |total: i64| total as f64 / n as f64;
+    Cost {
+        coordinator_cpu: c1.saturating_sub(c0) / n,
+        worker_cpu: worker_cpu / n,
+        coordinator_statements: per(cs1 - cs0),
+        prepared: per(prepared_here),
+    }
+}
+
+pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
+    println!(
+        "\n== per click on the cluster ({COST_CLICKS} clicks of each kind, one at a time): \
+         PostgreSQL CPU, statements (round trips) and transactions prepared on workers (2PC)"
+    );
+    let coordinator = Node::open(&bench.pg.bench_url()).await;
+    let mut workers = Vec::new();
+    for worker in &bench.pg.workers {
+        workers.push(Node::open(&format!("{worker}/{}", bench.pg.database)).await);
+    }
+    if !coordinator.statements {
+        println!("  (no pg_stat_statements on the coordinator: statements not counted)");
+    }
+    let holds = bench.factory.holds(COST_CLICKS).await;
+    let clicks: Vec<(HeaderValue, String, String)> = (0..COST_CLICKS)
+        .map(|_| {
+            let (buyer, hold) = holds.take().expect("a hold");
+            (
+                bench.buyers.auth[buyer].clone(),
+                Uuid::new_v4().to_string(),
+                order_body(hold),
+            )
+        })
+        .collect();
+    let http = bench.http.clone();
+    let url = app.url.clone();
+    let post = |(auth, key, body): &(HeaderValue, String, String)| {
+        let request = http
+            .post(format!("{url}/orders"))
+            .header(AUTHORIZATION, auth.clone())
+            .header("Idempotency-Key", key.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        async move {
+            let response = request.send().await.expect("POST /orders");
+            assert_eq!(response.status(), 201, "POST /orders");
+            response
+                .headers()
+                .get("location")
+                .and_then(|l| l.to_str().ok())
+                .map(str::to_owned)
+                .expect("a Location")
+        }
+    };
+    let locations = std::sync::Mutex::new(Vec::new());
+    let first = cost(
+        &coordinator,
+        &workers,
+        clicks
+            .iter()
+            .map(|click| async {
+                let location = post(click).await;
+                locations
+                    .lock()
+                    .expect("locations")
+                    .push((click.0.clone(), location));
+            })
+            .collect(),
+    )
+    .await;
+    let replay = cost(
+        &coordinator,
+        &workers,
+        clicks
+            .iter()
+            .map(|click| async {
+                post(click).await;
+            })
+            .collect(),
+    )
+    .await;
+    let locations = locations.into_inner().expect("locations");
+    let get = cost(
+        &coordinator,
+        &workers,
+        locations
+            .iter()
+            .map(|(auth, location)| {
+                let request = http
+                    .get(format!("{url}{location}"))
+                    .header(AUTHORIZATION, auth.clone());
+                async move {
+                    assert_eq!(request.send().await.expect("GET").status(), 200);
+                }
+            })
+            .collect(),
+    )
+    .await;
+    println!(
+        "  {:<24} {:>16} {:>16} {:>11} {:>6}",
+        "", "coordinator CPU", "workers' CPU", "statements", "prepared"
+    );
+    for (name, what, cost) in [
+        ("first", "a first click (201)", &first),
+        ("replay", "its replay", &replay),
+        ("get", "GET /orders/{id}", &get),
+    ] {
+        let ms = |nanos: u64| nanos as f64 / 1e6;
+        println!(
+            "  {what:<24} {:>13.3} ms {:>13.3} ms {:>11.1} {:>6.2}",
+            ms(cost.coordinator_cpu),
+            ms(cost.worker_cpu),
+            cost.coordinator_statements,
+            cost.prepared
+        );
+        let report = &mut bench.report;
+        report.set(
+            &format!("citus_{name}_coordinator_cpu_ms"),
+            ms(cost.coordinator_cpu),
+        );
+        report.set(&format!("citus_{name}_worker_cpu_ms"), ms(cost.worker_cpu));
+        report.set(
+            &format!("citus_{name}_coordinator_statements"),
+            cost.coordinator_statements,
+        );
+        report.set(&format!("citus_{name}_prepared"), cost.prepared);
+    }
 }

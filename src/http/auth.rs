@@ -1,10 +1,10 @@
 //! The `Buyer` extractor: a verified bearer token, or 401 before anything
-//! else about the request is looked at.
-
-use std::future::{ready, Ready};
+//! else about the request is looked at (503 while the identity provider's
+//! keys were never fetched).
 
 use actix_web::http::header;
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use futures_util::future::LocalBoxFuture;
 
 use super::problem::Problem;
 use super::AppState;
@@ -15,17 +15,21 @@ pub struct Buyer(pub BuyerId);
 
 impl FromRequest for Buyer {
     type Error = Problem;
-    type Future = Ready<Result<Self, Problem>>;
+    type Future = LocalBoxFuture<'static, Result<Self, Problem>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(authenticate(req).map(Buyer))
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let token = bearer_token(req).map(str::to_owned);
+        Box::pin(async move {
+            let state = state.ok_or_else(|| {
+                Problem::Internal(anyhow::anyhow!("application state is missing"))
+            })?;
+            Ok(Buyer(state.verifier.verify(&token?).await?))
+        })
     }
 }
 
-fn authenticate(req: &HttpRequest) -> Result<BuyerId, Problem> {
-    let state = req
-        .app_data::<web::Data<AppState>>()
-        .ok_or_else(|| Problem::Internal(anyhow::anyhow!("application state is missing")))?;
+fn bearer_token(req: &HttpRequest) -> Result<&str, Problem> {
     let mut values = req.headers().get_all(header::AUTHORIZATION);
     let value = values.next().ok_or(Problem::Unauthorized(
         "this endpoint needs Authorization: Bearer <token>",
@@ -33,7 +37,7 @@ fn authenticate(req: &HttpRequest) -> Result<BuyerId, Problem> {
     if values.next().is_some() {
         return Err(Problem::Unauthorized("send one Authorization header"));
     }
-    let token = value
+    value
         .to_str()
         .ok()
         // The scheme name is case-insensitive (RFC 9110 §11.1).
@@ -44,9 +48,5 @@ fn authenticate(req: &HttpRequest) -> Result<BuyerId, Problem> {
         .filter(|t| !t.is_empty())
         .ok_or(Problem::Unauthorized(
             "the Authorization header must be Bearer <token>",
-        ))?;
-    state
-        .tokens
-        .verify(token)
-        .map_err(|_| Problem::Unauthorized("the bearer token is invalid or expired"))
+        ))
 }

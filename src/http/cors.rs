@@ -1,7 +1,8 @@
 //! CORS for the buyer's browser: only the origins in
 //! `http.cors_origins` may call the API from a page of their own, with the
 //! request headers a checkout needs (`Prefer` too, so that a retry may wait
-//! for an earlier attempt's answer), and they may read the response headers
+//! for an earlier attempt's answer; `traceparent` and `tracestate`, so that
+//! the shop page's trace goes on here), and they may read the response headers
 //! a retrying client acts on. The same goes for importing `/client/checkout.js`:
 //! a module script is fetched in CORS mode.
 //!
@@ -27,7 +28,14 @@ pub fn cors(origins: &[String]) -> Cors {
         .iter()
         .fold(Cors::default(), |cors, origin| cors.allowed_origin(origin))
         .allowed_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-        .allowed_headers(["Authorization", "Content-Type", "Idempotency-Key", "Prefer"])
+        .allowed_headers([
+            "Authorization",
+            "Content-Type",
+            "Idempotency-Key",
+            "Prefer",
+            "traceparent",
+            "tracestate",
+        ])
         .expose_headers(["Location", "Retry-After", REPLAYED, "Preference-Applied"])
         .max_age(PREFLIGHT_MAX_AGE_SECS)
 }

@@ -36,9 +36,10 @@ pub async fn healthz() -> HttpResponse {
     path = "/readyz",
     tag = "operations",
     summary = "Readiness",
-    description = "200 when a pooled database connection answers; 503 `service-unavailable` \
-        while the database is out of reach, so that a load balancer sends this instance no \
-        traffic until it is back. No token.",
+    description = "200 when a pooled database connection answers and, with an identity \
+        provider configured, its signing keys were fetched once; 503 `service-unavailable` \
+        while the database is out of reach or no key set was ever fetched, so that a load \
+        balancer sends this instance no traffic until it can serve. No token.",
     security(),
     responses(
         (status = 200, description = "The database answers", body = Health),
@@ -46,6 +47,9 @@ pub async fn healthz() -> HttpResponse {
     )
 )]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
+    if !state.verifier.has_keys() {
+        return Err(Problem::KeysUnavailable);
+    }
     let client = state.pool.get().await?;
     client.simple_query("SELECT 1").await?;
     Ok(HttpResponse::Ok().json(Health { status: "ready" }))

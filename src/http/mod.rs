@@ -27,7 +27,7 @@ use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, ResponseErro
 use deadpool_postgres::Pool;
 use idempotency::Engine;
 
-use crate::auth::Tokens;
+use crate::auth::Verifier;
 use crate::checkout::orders::Orders;
 use problem::Problem;
 
@@ -42,7 +42,8 @@ pub struct AppState {
     /// applies it to keyed requests); unkeyed `POST /holds` asks it directly.
     pub limit: idempotency::Limit,
     pub orders: Orders,
-    pub tokens: Tokens,
+    /// Checks bearer tokens (the HS256 secret and/or the identity provider).
+    pub verifier: Verifier,
     /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).
     pub max_wait_secs: u64,
     pub hold_ttl: Duration,

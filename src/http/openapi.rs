@@ -82,7 +82,7 @@ pub enum ServerFailures {
     Unavailable(ProblemDetails),
 }
 
-/// Declares the HS256 bearer token that the handlers require.
+/// Declares the bearer JWT that the handlers require.
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -91,7 +91,11 @@ impl Modify for BearerAuth {
             .scheme(HttpAuthScheme::Bearer)
             .bearer_format("JWT")
             .description(Some(
-                "An HS256 JWT with `exp` and `sub` = the buyer's id (1-64 of [A-Za-z0-9_.-])",
+                "A JWT from the configured identity provider (RS256, PS256, ES256 or EdDSA, \
+                 with a key of its JWKS chosen by `kid`; `iss` and `aud` checked when \
+                 configured), or HS256 with the service's own secret (local runs, tests). \
+                 `exp` is required; `sub` is the buyer's id: any printable text of 1-255 \
+                 bytes, such as `auth0|64f0c2...`.",
             ))
             .build();
         openapi

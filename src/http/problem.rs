@@ -14,6 +14,7 @@ use uuid::Uuid;
 use idempotency::actix::Refusal;
 use idempotency::{KeyError, StoredResponse};
 
+use crate::auth::TokenError;
 use crate::checkout::CheckoutError;
 use crate::db::DbError;
 use crate::payrail::PaymentError;
@@ -83,6 +84,10 @@ pub enum Problem {
     /// 503 `service-unavailable`, with `Retry-After: 1`: the database is out of reach.
     #[error("the service is temporarily unavailable")]
     ServiceUnavailable(#[source] DbError),
+    /// 503 `service-unavailable`, with `Retry-After`: the identity provider's
+    /// keys were never fetched, so no provider token can be checked yet.
+    #[error("the identity provider's signing keys are not available yet; retry shortly")]
+    KeysUnavailable,
     /// 500 `internal`.
     #[error("an unexpected error occurred")]
     Internal(#[source] anyhow::Error),
@@ -203,7 +208,7 @@ impl Problem {
                 "payment-unavailable",
                 "Payment unavailable",
             ),
-            ServiceUnavailable(_) => (
+            ServiceUnavailable(_) | KeysUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service-unavailable",
                 "Service unavailable",
@@ -254,10 +259,21 @@ impl Problem {
             Problem::RequestInProgress | Problem::ServiceUnavailable(_) => {
                 Some(Duration::from_secs(1))
             }
+            // The key set is fetched again every 10 s while it is missing.
+            Problem::KeysUnavailable => Some(Duration::from_secs(5)),
             Problem::PaymentUnavailable { retry_after } | Problem::RateLimited { retry_after } => {
                 Some(*retry_after)
             }
             _ => None,
+        }
+    }
+}
+
+impl From<TokenError> for Problem {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::NoKeys => Problem::KeysUnavailable,
+            _ => Problem::Unauthorized("the bearer token is invalid or expired"),
         }
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::Breaker;
 use crate::config::PayrailSettings;
-use crate::observe;
+use crate::{observe, telemetry};
 
 /// What Payrail is asked to charge. Serialized once per charge.
 #[derive(Debug, Clone, Serialize)]
@@ -150,6 +150,7 @@ impl Client {
     }
 
     /// A buyer's click: its attempts feed the breaker and are refused by it.
+    #[tracing::instrument(name = "payrail charge", skip_all, fields(%order_id))]
     pub async fn charge(
         &self,
         order_id: Uuid,
@@ -269,6 +270,7 @@ impl Client {
             .timeout(self.timeout)
             .bearer_auth(self.api_key.expose_secret())
             .header("Idempotency-Key", key)
+            .headers(telemetry::trace_headers())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_vec())
             .send()

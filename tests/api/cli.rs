@@ -4,6 +4,11 @@ mod keys;
 
 use std::process::Output;
 
+use std::time::Duration;
+
+use test_support::process::{free_port, Service};
+use test_support::scratch::ScratchDir;
+
 use crate::helpers::{spawn_app, Seen, TestApp};
 
 /// The binary with `args`, on `app`'s database and configuration.
@@ -47,7 +52,7 @@ async fn token_prints_a_bearer_token_the_service_accepts() {
         .unwrap();
     assert_eq!(response.status(), 200);
 
-    let bad = run(&app, &["token", "--sub", "not ok"], &[]).await;
+    let bad = run(&app, &["token", "--sub", &"x".repeat(256)], &[]).await;
     assert!(!bad.status.success());
 }
 
@@ -112,4 +117,87 @@ async fn a_bad_setting_stops_the_start_with_its_key_named() {
         assert!(!output.status.success(), "{env:?}");
         assert!(stderr.contains(key), "{env:?}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn a_misspelt_variable_stops_every_command_naming_the_nearest_key() {
+    let app = spawn_app().await;
+    let commands: [&[&str]; 6] = [
+        &["serve"],
+        &["migrate"],
+        &["token", "--sub", "alice"],
+        &["seed", "--event", "typo", "--seats", "1"],
+        &["cleanup"],
+        &["keys", "stats"],
+    ];
+    let typos = [
+        ("STAGEDOOR__DATABSE__POOL_SIZE", "database.pool_size"),
+        ("STAGEDOOR__IDEMPOTENCY__TTL_SECZ", "idempotency.ttl_secs"),
+    ];
+    for args in commands {
+        for (variable, nearest) in typos {
+            let output = run(&app, args, &[(variable, "3")]).await;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{args:?} {variable}");
+            assert!(stderr.contains(variable), "{args:?}: {stderr}");
+            assert!(stderr.contains(nearest), "{args:?}: {stderr}");
+        }
+    }
+    // Nothing was done: the seed command stopped before the database.
+    let events = app
+        .db
+        .client()
+        .await
+        .query("SELECT 1 FROM seats WHERE event_id = 'typo'", &[])
+        .await
+        .unwrap();
+    assert!(events.is_empty());
+}
+
+#[tokio::test]
+async fn serve_and_token_run_from_a_directory_without_config() {
+    let app = spawn_app().await;
+    let elsewhere = ScratchDir::new("stagedoor-elsewhere-").unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
+        .args(["token", "--sub", "alice"])
+        .current_dir(elsewhere.path())
+        .env("STAGEDOOR_CONFIG_DIR", "config")
+        .env("STAGEDOOR_ENV", "local")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8(output.stdout).unwrap();
+
+    // The built-in local layer: the embedded sandbox, the demo event, the dev secret.
+    let port = free_port();
+    let service = Service::new(
+        env!("CARGO_BIN_EXE_stagedoor-checkout"),
+        format!("http://127.0.0.1:{port}"),
+    )
+    .arg("serve")
+    .current_dir(elsewhere.path())
+    .env("STAGEDOOR_CONFIG_DIR", "config")
+    .env("STAGEDOOR_ENV", "local")
+    .env("DATABASE_URL", &app.db.url)
+    .env("STAGEDOOR__SERVER__PORT", port.to_string())
+    .env(
+        "STAGEDOOR__DATABASE__GENERIC_PLANS",
+        app.settings.database.generic_plans.to_string(),
+    )
+    .spawn_or_panic(Duration::from_secs(20))
+    .await;
+    let seats = app
+        .http
+        .get(format!("{}/events/demo/seats", service.url()))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(seats.status(), 200);
+    service.stop(Duration::from_secs(10)).await;
 }

@@ -33,7 +33,7 @@ async fn preflight(app: &TestApp, origin: &str, path: &str, method: &str) -> req
         .header("Access-Control-Request-Method", method)
         .header(
             "Access-Control-Request-Headers",
-            "authorization, content-type, idempotency-key, prefer",
+            "authorization, content-type, idempotency-key, prefer, traceparent, tracestate",
         )
         .send()
         .await
@@ -62,7 +62,14 @@ async fn a_preflight_from_an_allowed_origin_is_answered_without_a_token() {
             "{path}"
         );
         let allowed = names(headers, "access-control-allow-headers");
-        for wanted in ["authorization", "content-type", "idempotency-key", "prefer"] {
+        for wanted in [
+            "authorization",
+            "content-type",
+            "idempotency-key",
+            "prefer",
+            "traceparent",
+            "tracestate",
+        ] {
             assert!(
                 allowed.iter().any(|h| h == wanted),
                 "{wanted} in {allowed:?}"

@@ -112,8 +112,14 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         "result",
         &["done", "skipped", "failed"],
     ));
+    at_zero.extend(labelled(
+        "auth_key_fetches_total",
+        "result",
+        &["ok", "failed"],
+    ));
     at_zero.extend(
         [
+            "auth_keys_stale",
             "payrail_breaker_open",
             "payrail_breaker_rejections_total",
             "orders_pending",

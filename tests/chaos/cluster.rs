@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use test_support::citus::Worker;
 use test_support::db::TestDatabase;
 use test_support::postgres::Postgres;
 use test_support::process::{free_port, Service, ServiceProcess, SpawnError};
@@ -32,8 +33,8 @@ pub fn scratch() -> ScratchDir {
 
 /// Where the run keeps its rows: a throwaway PostgreSQL of its own, which
 /// the run restarts; or on the Citus profile (`STAGEDOOR_TEST_CITUS=1`) a
-/// database of the cluster `DATABASE_URL` names, which is not the run's to
-/// restart.
+/// database of the cluster `DATABASE_URL` names, whose coordinator is not
+/// the run's to restart (its workers it crashes).
 pub enum Store {
     Own(Arc<Postgres>),
     Citus(Arc<TestDatabase>),
@@ -61,6 +62,14 @@ impl Store {
         match self {
             Store::Own(postgres) => postgres.url("postgres"),
             Store::Citus(db) => db.url.clone(),
+        }
+    }
+
+    /// The cluster's workers, which the run crashes (none off Citus).
+    pub async fn workers(&self) -> Vec<Worker> {
+        match self {
+            Store::Own(_) => Vec::new(),
+            Store::Citus(db) => Worker::all(&db.client().await, &db.url).await,
         }
     }
 

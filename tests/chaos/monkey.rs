@@ -1,19 +1,22 @@
 //! The controller of the chaos: Payrail faults that change every few
 //! seconds, SIGKILLed service processes restarted on their own ports, and
-//! one restart of PostgreSQL in the middle. Everything it does is logged
-//! with the time since the start, and counted.
+//! one restart of PostgreSQL in the middle; on a Citus cluster, a worker's
+//! PostgreSQL SIGKILLed and started again instead. Everything it does is
+//! logged with the time since the start, and counted.
 //!
-//! What to break and for how long comes from two schedules, each drawn from
-//! a PRNG stream of the run's seed ([`FaultSchedule`], [`KillSchedule`]):
-//! the same seed gives the same sequence of fault profiles and of kills
-//! (which instance, how long it stays down, how long until the next). The
-//! database restarts are evenly spread, with no randomness.
+//! What to break and for how long comes from schedules, each drawn from a
+//! PRNG stream of the run's seed ([`FaultSchedule`], [`KillSchedule`], on
+//! Citus [`CrashSchedule`]): the same seed gives the same sequence of fault
+//! profiles, of kills and of crashes (which one, how long it stays down, how
+//! long until the next). The database restarts are evenly spread, with no
+//! randomness.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use test_support::citus::Worker;
 use test_support::postgres::Postgres;
 use test_support::{sandbox, Rng};
 
@@ -22,6 +25,7 @@ use crate::cluster::Services;
 /// The PRNG streams of the run's seed that the schedules draw from.
 const FAULT_STREAM: u64 = 1;
 const KILL_STREAM: u64 = 2;
+const CRASH_STREAM: u64 = 3;
 
 /// One fault profile of the sandbox, and how long it stays on.
 pub struct FaultStep {
@@ -128,6 +132,44 @@ impl Iterator for KillSchedule {
     }
 }
 
+/// The endless sequence of a cluster's worker crashes of a seed: the first
+/// after 5-10 s, then one every 6-12 s after the worker is back, each down
+/// for 0.2-2 s. Under the load some click of that worker is always between
+/// the prepare and the commit of a two-phase transaction, at whatever
+/// moment the crash comes.
+pub struct CrashSchedule {
+    rng: Rng,
+    workers: usize,
+    first: bool,
+}
+
+impl CrashSchedule {
+    pub fn new(seed: u64, workers: usize) -> Self {
+        Self {
+            rng: Rng::stream(seed, CRASH_STREAM),
+            workers,
+            first: true,
+        }
+    }
+}
+
+impl Iterator for CrashSchedule {
+    type Item = KillStep;
+
+    fn next(&mut self) -> Option<KillStep> {
+        let wait = if std::mem::take(&mut self.first) {
+            self.rng.range(5_000, 10_000)
+        } else {
+            self.rng.range(6_000, 12_000)
+        };
+        Some(KillStep {
+            wait: Duration::from_millis(wait),
+            instance: self.rng.pick(self.workers),
+            down: Duration::from_millis(self.rng.range(200, 2_000)),
+        })
+    }
+}
+
 /// The first steps of both schedules of `seed`, as the monkey will log
 /// them (a replay with the same seed prints the same).
 pub fn preview(seed: u64, timeout_ms: u64, instances: usize, steps: usize) -> [String; 2] {
@@ -158,6 +200,13 @@ pub struct Monkey {
     control: reqwest::Client,
     pub kills: AtomicU64,
     pub db_restarts: AtomicU64,
+    pub worker_crashes: AtomicU64,
+    /// Prepared transactions a crashed worker still had when it was back:
+    /// clicks whose commit the crash cut between its two phases.
+    pub in_doubt: AtomicU64,
+    /// What Citus's `recover_prepared_transactions()` finished (committed
+    /// or rolled back) after the crashes.
+    pub recovered: AtomicU64,
     pub fault_changes: AtomicU64,
     /// Things the service should have survived and did not.
     pub problems: Mutex<Vec<String>>,
@@ -173,6 +222,9 @@ impl Monkey {
                 .expect("an HTTP client"),
             kills: AtomicU64::new(0),
             db_restarts: AtomicU64::new(0),
+            worker_crashes: AtomicU64::new(0),
+            in_doubt: AtomicU64::new(0),
+            recovered: AtomicU64::new(0),
             fault_changes: AtomicU64::new(0),
             problems: Mutex::new(Vec::new()),
         }
@@ -272,6 +324,111 @@ impl Monkey {
             }
         }
     }
+}
+
+impl Monkey {
+    /// The crashes of `schedule` until 5 s before `until`: SIGKILL a
+    /// worker's PostgreSQL, start it again after the step's time down,
+    /// count the prepared transactions it came back with, and have the
+    /// coordinator (`coordinator`, the run's database there) finish them.
+    pub async fn crash_workers(
+        self: Arc<Self>,
+        workers: Vec<Worker>,
+        coordinator: String,
+        schedule: CrashSchedule,
+        until: Instant,
+    ) {
+        for step in schedule {
+            sleep_until_or(until, step.wait).await;
+            if Instant::now() + Duration::from_secs(5) >= until {
+                break;
+            }
+            let worker = workers[step.instance].clone();
+            let port = worker.port;
+            let crashed = {
+                let worker = worker.clone();
+                tokio::task::spawn_blocking(move || worker.crash())
+                    .await
+                    .expect("the crash task")
+            };
+            if let Err(error) = crashed {
+                self.problem(format!("crashing the worker on port {port}: {error}"));
+                continue;
+            }
+            self.worker_crashes.fetch_add(1, Ordering::Relaxed);
+            self.say(&format!(
+                "SIGKILL the worker's PostgreSQL on port {port} (down {:.1?})",
+                step.down
+            ));
+            tokio::time::sleep(step.down).await;
+            let started = Instant::now();
+            let back = {
+                let worker = worker.clone();
+                tokio::task::spawn_blocking(move || worker.start())
+                    .await
+                    .expect("the start task")
+            };
+            if let Err(error) = back {
+                self.problem(format!("restarting the worker on port {port}: {error}"));
+                continue;
+            }
+            let in_doubt = match number(
+                &worker.url,
+                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+            )
+            .await
+            {
+                Ok(n) => n,
+                Err(error) => {
+                    self.problem(format!(
+                        "the worker on port {port} after its restart: {error}"
+                    ));
+                    continue;
+                }
+            };
+            self.in_doubt.fetch_add(in_doubt, Ordering::Relaxed);
+            let recovered = self.recover(&coordinator).await;
+            self.say(&format!(
+                "worker on port {port} back after {:.1?} with {in_doubt} prepared \
+                 transactions; the coordinator recovered {recovered}",
+                started.elapsed()
+            ));
+        }
+    }
+
+    /// Citus's `recover_prepared_transactions()` on the coordinator: the
+    /// prepared transactions of the workers that it finished.
+    pub async fn recover(&self, coordinator: &str) -> u64 {
+        match number(
+            coordinator,
+            "SELECT recover_prepared_transactions()::bigint",
+        )
+        .await
+        {
+            Ok(n) => {
+                self.recovered.fetch_add(n, Ordering::Relaxed);
+                n
+            }
+            Err(error) => {
+                self.problem(format!("recover_prepared_transactions(): {error}"));
+                0
+            }
+        }
+    }
+}
+
+/// The one number `sql` returns on the database `url` names, on a
+/// connection of its own.
+async fn number(url: &str, sql: &str) -> Result<u64, String> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    tokio::spawn(connection);
+    let row = client
+        .query_one(sql, &[])
+        .await
+        .map_err(|e| format!("{sql}: {e}"))?;
+    Ok(row.get::<_, i64>(0) as u64)
 }
 
 /// Sleeps `wait`, but not past `until`.

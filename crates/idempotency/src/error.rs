@@ -33,11 +33,33 @@ impl Error {
 /// connections), and 40P01 and 40001 (a deadlock or serialization failure
 /// that PostgreSQL resolved by aborting this statement: nothing of it was
 /// made, and the same request succeeds when sent again).
+///
+/// On a Citus cluster, a worker that went away mid-statement or mid-commit
+/// reaches the client as `XX000` (Citus gives those errors no SQLSTATE of
+/// their own): the coordinator's transaction is aborted or its outcome is
+/// with the two-phase commit's recovery, so a retry with the same key finds
+/// what was made, as after a connection lost on a commit here.
 pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
     error.is_closed()
         || error
             .code()
             .is_none_or(|code| is_unavailable_state(code.code()))
+        || error
+            .as_db_error()
+            .is_some_and(|e| e.code().code() == "XX000" && is_lost_node(e.message()))
+}
+
+/// Citus's messages for a connection to another node that failed.
+fn is_lost_node(message: &str) -> bool {
+    [
+        "failure on connection marked as essential",
+        "could not commit transaction for shard",
+        "SSL SYSCALL error",
+        "server closed the connection unexpectedly",
+        "connection not open",
+    ]
+    .iter()
+    .any(|lost| message.contains(lost))
 }
 
 fn is_unavailable_state(code: &str) -> bool {
@@ -50,7 +72,24 @@ fn is_unavailable_state(code: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_unavailable_state;
+    use super::{is_lost_node, is_unavailable_state};
+
+    #[test]
+    fn a_lost_citus_node_is_unavailable_and_another_internal_error_is_not() {
+        for message in [
+            "failure on connection marked as essential: 127.0.0.1:9702",
+            "could not commit transaction for shard 102053 on at least one active node",
+            "SSL SYSCALL error: EOF detected",
+        ] {
+            assert!(is_lost_node(message), "{message}");
+        }
+        for message in [
+            "cache lookup failed for relation 1234",
+            "could not create distributed plan",
+        ] {
+            assert!(!is_lost_node(message), "{message}");
+        }
+    }
 
     #[test]
     fn a_server_going_away_is_unavailable_and_a_bad_query_is_not() {

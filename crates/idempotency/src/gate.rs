@@ -84,6 +84,26 @@ impl Gate {
 const DELETE_IF_HELD: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
                               return redis.call('DEL', KEYS[1]) else return 0 end";
 
+/// `idem:{user_id}:{key}`, with `%` and `:` of the buyer's id escaped: a
+/// buyer id may hold a `:` (an identity provider's subject), and `a:b` +
+/// `c` must not share a lock with `a` + `b:c`.
 fn lock_name(user_id: &str, key: &IdempotencyKey) -> String {
+    let user_id = user_id.replace('%', "%25").replace(':', "%3A");
     format!("idem:{user_id}:{key}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(raw: &str) -> IdempotencyKey {
+        IdempotencyKey::parse(raw.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn two_buyers_never_share_a_lock() {
+        assert_eq!(lock_name("alice", &key("k-1")), "idem:alice:k-1");
+        assert_ne!(lock_name("a:b", &key("c")), lock_name("a", &key("b:c")));
+        assert_ne!(lock_name("a%3Ab", &key("c")), lock_name("a:b", &key("c")));
+    }
 }

@@ -165,6 +165,14 @@ async fn answer_charge(
         Ok(key) => key,
         Err(refused) => return refused.response(),
     };
+    // The caller's trace: a test, or a person on call, links the two logs by it.
+    if let Some(traceparent) = req.headers().get("traceparent") {
+        tracing::info!(
+            idempotency_key = %key,
+            traceparent = %String::from_utf8_lossy(traceparent.as_bytes()),
+            "payrail sandbox charge request"
+        );
+    }
     let request = match parse_charge(body) {
         Ok(request) => request,
         Err((status, message)) => {

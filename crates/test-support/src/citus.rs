@@ -4,7 +4,13 @@
 //! is a database of that cluster: made on the coordinator and on every
 //! worker, with the extension, and the workers registered with the
 //! coordinator. [`distribute`] then gives the service's tables the layout
-//! of `scripts/citus-distribute.sql`, once they exist.
+//! of `scripts/citus-distribute.sql`, once they exist. [`Worker`] crashes a
+//! worker's server and starts it again, and [`dangling_prepared`] finds the
+//! two-phase commits such a crash left half done.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Config, NoTls};
 
@@ -106,4 +112,164 @@ pub(crate) async fn leave(admin: &Client, maintenance: &str, name: &str) {
                 .await;
         }
     }
+}
+
+/// A worker's PostgreSQL server on this machine (the cluster of
+/// `scripts/citus.sh`), to crash and start again.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub host: String,
+    pub port: u16,
+    /// The URL of the test's database on it.
+    pub url: String,
+    data: PathBuf,
+}
+
+impl Worker {
+    /// Every worker of the cluster `admin` (connected to `url`, a database
+    /// of the cluster on the coordinator) is the coordinator of, with its
+    /// data directory as the server reports it.
+    pub async fn all(admin: &Client, url: &str) -> Vec<Worker> {
+        let mut all = Vec::new();
+        for (host, port) in workers(admin).await {
+            let url = on_node(url, &host, port);
+            let data: String = crate::db::connect(&url)
+                .await
+                .query_one("SHOW data_directory", &[])
+                .await
+                .unwrap_or_else(|e| panic!("{url}: SHOW data_directory: {e}"))
+                .get(0);
+            all.push(Worker {
+                host,
+                port,
+                url,
+                data: data.into(),
+            });
+        }
+        all
+    }
+
+    /// SIGKILL to the postmaster and every process it started, as a power
+    /// cut does to a machine: no shutdown checkpoint, transactions cut
+    /// wherever they were (a prepared one stays prepared). Returns once
+    /// every one of them is gone.
+    pub fn crash(&self) -> Result<(), String> {
+        let pid_file = self.data.join("postmaster.pid");
+        let postmaster: u32 = std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("{}: {e}", pid_file.display()))?
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .ok_or_else(|| format!("{}: no pid on its first line", pid_file.display()))?;
+        // The postmaster first, so that it cannot start a new child, then
+        // the children it had.
+        let mut pids = vec![postmaster];
+        pids.extend(children(postmaster));
+        let status = Command::new("kill")
+            .arg("-KILL")
+            .args(pids.iter().map(u32::to_string))
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("kill: {e}"))?;
+        if !status.success() && alive(postmaster) {
+            return Err(format!("kill -KILL {postmaster}: {status}"));
+        }
+        // The postmaster must be reaped too, not just dead: a new one
+        // refuses to start while the pid in `postmaster.pid` names any
+        // process, a zombie included (here init reaps within seconds).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{postmaster}")).exists()
+            || pids.iter().any(|pid| alive(*pid))
+        {
+            if Instant::now() > deadline {
+                return Err(format!("processes of port {} outlived SIGKILL", self.port));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// `pg_ctl start`, waiting until it accepts connections (after its
+    /// crash recovery). The settings are its `postgresql.conf`'s; the log
+    /// goes where `scripts/citus.sh` puts it, beside the data directory.
+    pub fn start(&self) -> Result<(), String> {
+        let bin = crate::postgres::bindir().ok_or("no pg_ctl found")?;
+        let log = format!("{}.log", self.data.display());
+        let out = crate::postgres::pg_command(crate::postgres::running_as_root(), &bin, "pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-l", &log, "-w", "-t", "120", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("pg_ctl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl start on port {} ({}): {}{}",
+                self.port,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+}
+
+/// The processes whose parent is `pid` (from `/proc`).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces, so after
+            // its closing parenthesis.
+            let parent: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// Whether `pid` is a live process (a zombie is not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+/// The prepared transactions of the test's database on every node of the
+/// cluster (`coordinator` is its URL on the coordinator): one line per
+/// transaction, naming the node. Empty when every two-phase commit was
+/// finished, one way or the other.
+pub async fn dangling_prepared(admin: &Client, coordinator: &str) -> Vec<String> {
+    let config: Config = coordinator.parse().expect("a PostgreSQL URL");
+    let (host, port) = crate::db::host_and_port(&config);
+    let mut nodes = vec![(host, port)];
+    nodes.extend(workers(admin).await);
+    let mut dangling = Vec::new();
+    for (host, port) in nodes {
+        let client = crate::db::connect(&on_node(coordinator, &host, port)).await;
+        for row in client
+            .query(
+                "SELECT gid, prepared::text FROM pg_prepared_xacts WHERE database = current_database()",
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{host}:{port}: pg_prepared_xacts: {e}"))
+        {
+            let (gid, prepared): (String, String) = (row.get(0), row.get(1));
+            dangling.push(format!("{host}:{port}: prepared transaction {gid} (since {prepared})"));
+        }
+    }
+    dangling
 }

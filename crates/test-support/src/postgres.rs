@@ -255,7 +255,7 @@ pub(crate) fn stop_left_running(dir: &Path) {
 }
 
 /// A PostgreSQL program, run as the `postgres` user when we are root.
-fn pg_command(as_postgres: bool, bin: &Path, program: &str) -> Command {
+pub(crate) fn pg_command(as_postgres: bool, bin: &Path, program: &str) -> Command {
     let path = bin.join(program);
     if as_postgres {
         let mut command = Command::new("runuser");
@@ -266,7 +266,7 @@ fn pg_command(as_postgres: bool, bin: &Path, program: &str) -> Command {
     }
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -276,7 +276,7 @@ fn running_as_root() -> bool {
 
 /// The newest `/usr/lib/postgresql/<version>/bin` with an `initdb`, else
 /// the directory `pg_config --bindir` names, if it has one.
-fn bindir() -> Option<PathBuf> {
+pub(crate) fn bindir() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()

@@ -41,6 +41,7 @@ pub struct Service {
     health_path: String,
     log: Option<PathBuf>,
     note_pid_in: Option<PathBuf>,
+    current_dir: Option<PathBuf>,
 }
 
 impl Service {
@@ -56,6 +57,7 @@ impl Service {
             health_path: "/healthz".to_owned(),
             log: None,
             note_pid_in: None,
+            current_dir: None,
         }
     }
 
@@ -106,6 +108,12 @@ impl Service {
         self
     }
 
+    /// Runs the process in `dir` (default: this process's directory).
+    pub fn current_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.current_dir = Some(dir.into());
+        self
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -125,7 +133,11 @@ impl Service {
         };
         let (stdout, stderr): (File, File) = (open()?, open()?);
         let log_from = fs::metadata(&log).map_or(0, |m| m.len());
-        let child = tokio::process::Command::new(&self.program)
+        let mut command = tokio::process::Command::new(&self.program);
+        if let Some(dir) = &self.current_dir {
+            command.current_dir(dir);
+        }
+        let child = command
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

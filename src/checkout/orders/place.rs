@@ -55,6 +55,7 @@ impl Orders {
     /// key (so that a takeover resumes it): the buyer's live holds locked in
     /// id order and claimed, the order written, all or nothing, and nothing
     /// at all once the claim is lost. `None` when it was lost.
+    #[tracing::instrument(name = "create order", skip_all)]
     async fn create(
         &self,
         claim: &Claim,

@@ -27,6 +27,7 @@ use crate::payrail::ChargeOutcome;
 /// holds the key now answers from it. An order someone else settled first
 /// (reconciliation, with the same answer from Payrail) is answered as it now
 /// stands.
+#[tracing::instrument(name = "settle order", skip_all)]
 pub(super) async fn claimed(
     orders: &Orders,
     mut order: Order,

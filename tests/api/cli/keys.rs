@@ -279,7 +279,7 @@ async fn bad_arguments_exit_2_and_a_failure_3_with_nothing_on_stdout() {
     for args in [
         &["keys", "show", "--user", "alice"][..],
         &["keys", "show", "--user", "alice", "--key", "a b"],
-        &["keys", "purge", "--user", "no one", "--key", "k"],
+        &["keys", "purge", "--user", "no\u{1}one", "--key", "k"],
         &["keys", "purge", "--user", "alice", "--key", "\"unbalanced"],
     ] {
         let output = run(&app, args, &[]).await;
