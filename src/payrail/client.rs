@@ -164,6 +164,7 @@ impl Client {
     /// breaker nor feeding it: an order Payrail keeps failing (one card
     /// answering 500) is retried on its own doubling delay, and must not be
     /// what keeps the breaker open for every other buyer.
+    #[tracing::instrument(name = "payrail charge", skip_all, fields(%order_id))]
     pub async fn charge_again(
         &self,
         order_id: Uuid,
@@ -172,7 +173,8 @@ impl Client {
         self.charge_with(order_id, charge, None).await
     }
 
-    #[tracing::instrument(skip_all, fields(%order_id))]
+    // No span of its own: the caller's is the parent Payrail sees in
+    // `traceparent`.
     async fn charge_with(
         &self,
         order_id: Uuid,

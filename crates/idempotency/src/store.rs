@@ -38,7 +38,6 @@ pub enum Begin {
 /// the insert, and the same statement reads the row a lost insert met, so
 /// that a replay costs one round trip, not two. Call it outside any
 /// transaction: it turns off the synchronous commit of the one it runs in.
-#[tracing::instrument(skip_all, fields(user_id, key = %key))]
 pub async fn begin(
     client: &impl GenericClient,
     policy: Policy,
@@ -64,6 +63,7 @@ pub async fn begin(
 /// Also says how long the key has to live, by the database's clock, at the
 /// latest as of when the statement was sent: a new or restarted key the
 /// whole TTL, a replayed or taken-over one what its row has left.
+#[tracing::instrument(name = "begin", skip_all, fields(user_id, key = %key))]
 pub(crate) async fn claim(
     client: &impl GenericClient,
     policy: Policy,
