@@ -41,12 +41,19 @@ impl Orders {
     /// false when it is settled.
     async fn mark_canceling(&self, user_id: &str, order_id: Uuid) -> Result<bool, CheckoutError> {
         let client = self.pool.get().await?;
+        // The time comes from here, not `now()`: a distributed database
+        // (Citus) refuses a STABLE function beside a column reference in an
+        // UPDATE. The mark's time is only ever read as "is it set".
         let statement = client
             .prepare_cached(
-                "UPDATE orders SET cancel_requested_at = coalesce(cancel_requested_at, now())
+                "UPDATE orders SET cancel_requested_at = coalesce(cancel_requested_at, $3)
                  WHERE user_id = $1 AND order_id = $2 AND status = 'payment_pending'",
             )
             .await?;
-        Ok(client.execute(&statement, &[&user_id, &order_id]).await? == 1)
+        let now = time::OffsetDateTime::now_utc();
+        Ok(client
+            .execute(&statement, &[&user_id, &order_id, &now])
+            .await?
+            == 1)
     }
 }
