@@ -208,17 +208,14 @@ async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
     // Out of order: A's late event before B's, then a decline of A
     // (which A's own answer contradicts), an order of nobody's, a type
     // not acted on.
+    let event_b = event_body("evt_b_ok", "charge.succeeded", &charge_b);
     let cases: [(&str, Vec<u8>, &str); 5] = [
         (
             "A's event, late: A is paid already",
             event_body("evt_a_ok", "charge.succeeded", &charge_a),
             "already_settled",
         ),
-        (
-            "B's event after A's",
-            event_body("evt_b_ok", "charge.succeeded", &charge_b),
-            "applied",
-        ),
+        ("B's event after A's", event_b.clone(), "applied"),
         (
             "a decline of A, which was paid",
             event_body("evt_a_declined", "charge.declined", &charge_a),
@@ -260,10 +257,9 @@ async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
     );
     let retry = retry_waiting(&app, &app.address, &key_b, hold_b, "pm_card_visa").await;
     assert_eq!(retry.status(), 201);
-    // B's event again, much later and re-signed: a replay of its first answer.
-    let again = app
-        .post_signed_event(&event_body("evt_b_ok", "charge.succeeded", &charge_b))
-        .await;
+    // B's event delivered again, much later: the same bytes under a new
+    // signature (a new `t`), answered as a replay of its first answer.
+    let again = app.post_signed_event(&event_b).await;
     assert_eq!(again.status(), 200);
     assert_eq!(again.headers()["Idempotent-Replayed"], "true");
     assert_invariants(&app).await;
