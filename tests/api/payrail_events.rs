@@ -191,6 +191,36 @@ async fn an_event_during_the_services_own_call_settles_once_and_wakes_the_waitin
 }
 
 #[tokio::test]
+async fn an_event_ahead_of_payrails_answer_leaves_the_click_its_first_answer() {
+    // Payrail's answer waits 500 ms after the charge; its event leaves at
+    // once and settles the order before the service hears back.
+    let app = spawn_app_with_events(|s| s.payrail.max_attempts = 1).await;
+    let seats = app.seed("ev", 1, 1_000).await;
+    let hold = app.hold("alice", seats[0]).await;
+    app.set_faults(json!({"latency_ms": 500})).await;
+    let key = new_key();
+    let click = app.post_order("alice", &key, &[hold], "pm_card_visa").await;
+    app.set_faults(json!({})).await;
+    let events_applied = app
+        .count(
+            "SELECT count(*) FROM idempotency_keys
+             WHERE user_id = chr(1) || 'payrail-events'
+               AND response_body = convert_to('{\"result\":\"applied\"}', 'UTF8')",
+        )
+        .await;
+    assert_eq!(events_applied, 1, "the event settled the order");
+    let (status, replayed, body) = result_of(click).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(!replayed, "the click's own answer is not a replay");
+    let (status, replayed, again) =
+        result_of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(again, body, "one answer for the click");
+    assert_eq!(app.charges().await.len(), 1);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
 async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
     let app = spawn_app_with(|s| s.payrail.max_attempts = 1).await;
     let seats = app.seed("ev", 2, 1_000).await;

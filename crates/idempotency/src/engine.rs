@@ -62,8 +62,10 @@ impl ClaimKind {
 /// How the work of a claim ended, as the work reports it.
 #[derive(Debug)]
 pub enum Done {
-    /// The work committed its effect and this answer together
-    /// ([`Unit::store`](crate::Unit::store), then `finish`).
+    /// The work's effect and this answer are durable together: committed by
+    /// the work ([`Unit::store`](crate::Unit::store), then `finish`), or by
+    /// whoever settled the effect the claim linked
+    /// ([`store_for_effect`](crate::store_for_effect)) while the work waited.
     Stored(StoredResponse),
     /// An answer that no durable effect stands behind (a refusal made before
     /// anything was written): the engine stores it.

@@ -25,8 +25,9 @@ use crate::payrail::ChargeOutcome;
 /// the key row last. A claim lost meanwhile stores nothing but leaves the
 /// order settled with Payrail's answer, as reconciliation would; whoever
 /// holds the key now answers from it. An order someone else settled first
-/// (reconciliation, with the same answer from Payrail) is answered as it now
-/// stands.
+/// (Payrail's event, often ahead of Payrail's own answer, or
+/// reconciliation) had its answer stored on this key in the same
+/// transaction: it is still this request's first answer, not a replay.
 #[tracing::instrument(name = "settle order", skip_all)]
 pub(super) async fn claimed(
     orders: &Orders,
@@ -78,7 +79,7 @@ pub(super) async fn claimed(
             // Being canceled: its answer is stored when Payrail confirms.
             return Err(CheckoutError::Canceling);
         }
-        return Ok(Done::Answer((orders.answer)(&settled)));
+        return Ok(Done::Stored((orders.answer)(&settled)));
     }
     Ok(match fence {
         Fence::Held => Done::Stored(answer),
