@@ -7,6 +7,7 @@
 //! reconciliation alone at its defaults (`reconcile.grace_secs` 30,
 //! `reconcile.interval_secs` 10). The store is watched every 20 ms.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
@@ -89,47 +90,61 @@ async fn measure(bench: &Bench, clicks: usize, events: bool) -> Vec<Duration> {
     sandbox::set_faults(&bench.http, &sandbox.base_url(), &faults).await;
 
     let holds = bench.factory.holds(clicks).await;
-    let mut sent: HashMap<String, Instant> = HashMap::new();
-    while let Some((buyer, hold)) = holds.take() {
-        let key = Uuid::new_v4().to_string();
-        let started = Instant::now();
-        let answer = bench
-            .http
-            .post(format!("{}/orders", app.url))
-            .header("Authorization", bench.buyers.auth[buyer].clone())
-            .header("Idempotency-Key", &key)
-            .header("Content-Type", "application/json")
-            .body(order_body(hold))
-            .send()
-            .await;
-        let status = answer.map(|a| a.status().as_u16()).unwrap_or(0);
-        assert!(status >= 500, "a lost answer is no answer: {status}");
-        sent.insert(key, started);
-        tokio::time::sleep(CLICK_EVERY).await;
-    }
-
-    let client = app.pool.get().await.expect("a connection");
-    let keys: Vec<String> = sent.keys().cloned().collect();
-    let mut settled = Vec::with_capacity(clicks);
-    let deadline = Instant::now() + deadline_after;
-    while !sent.is_empty() && Instant::now() < deadline {
-        let rows = client
-            .query(
-                "SELECT key FROM idempotency_keys
-                 WHERE key = ANY ($1) AND response_status IS NOT NULL",
-                &[&keys],
-            )
-            .await
-            .expect("the answered keys");
-        for row in rows {
-            if let Some(started) = sent.remove(row.get::<_, &str>(0)) {
-                settled.push(started.elapsed());
-            }
+    // Clicks and the watch run side by side, so that a click's time is its
+    // own and not the time the clicks after it took to be sent.
+    let sent: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
+    let clicking = Cell::new(true);
+    let click = async {
+        while let Some((buyer, hold)) = holds.take() {
+            let key = Uuid::new_v4().to_string();
+            let started = Instant::now();
+            let answer = bench
+                .http
+                .post(format!("{}/orders", app.url))
+                .header("Authorization", bench.buyers.auth[buyer].clone())
+                .header("Idempotency-Key", &key)
+                .header("Content-Type", "application/json")
+                .body(order_body(hold))
+                .send()
+                .await;
+            let status = answer.map(|a| a.status().as_u16()).unwrap_or(0);
+            assert!(status >= 500, "a lost answer is no answer: {status}");
+            sent.borrow_mut().insert(key, started);
+            tokio::time::sleep(CLICK_EVERY).await;
         }
-        tokio::time::sleep(WATCH_EVERY).await;
-    }
+        clicking.set(false);
+    };
+    let client = app.pool.get().await.expect("a connection");
+    let watch = async {
+        let mut settled = Vec::with_capacity(clicks);
+        let mut deadline = Instant::now() + deadline_after;
+        loop {
+            if clicking.get() {
+                deadline = Instant::now() + deadline_after;
+            } else if sent.borrow().is_empty() || Instant::now() >= deadline {
+                return settled;
+            }
+            let keys: Vec<String> = sent.borrow().keys().cloned().collect();
+            let rows = client
+                .query(
+                    "SELECT key FROM idempotency_keys
+                     WHERE key = ANY ($1) AND response_status IS NOT NULL",
+                    &[&keys],
+                )
+                .await
+                .expect("the answered keys");
+            for row in rows {
+                if let Some(started) = sent.borrow_mut().remove(row.get::<_, &str>(0)) {
+                    settled.push(started.elapsed());
+                }
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+    };
+    let ((), settled) = tokio::join!(click, watch);
     drop(client);
     app.stop().await;
     sandbox.stop().await;
     settled
 }
+
