@@ -147,4 +147,3 @@ async fn measure(bench: &Bench, clicks: usize, events: bool) -> Vec<Duration> {
     sandbox.stop().await;
     settled
 }
-
