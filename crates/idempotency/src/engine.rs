@@ -50,6 +50,12 @@ pub enum ClaimKind {
 }
 
 impl ClaimKind {
+    /// A new intent, which the scope's limit counts; a takeover of an
+    /// abandoned claim finishes one.
+    fn starts_intent(self) -> bool {
+        self != ClaimKind::Abandoned
+    }
+
     fn outcome(self) -> Outcome {
         match self {
             ClaimKind::First => Outcome::First,
@@ -283,23 +289,26 @@ impl Engine {
                 life: asked.map(|asked| (asked, life)),
             }
         };
-        if let Some(limit) = &self.limit {
-            // Only a request about to claim a new key spends a token: the
-            // row is read first, so that a retry (a replay, a 409, a 422, the
-            // takeover of an abandoned claim, which finishes an intent rather
-            // than starting one) never does, and a new intent past the limit
-            // writes nothing.
-            let client = self.pool.get().await?;
-            match store::find(&client, self.policy, user_id, key, hash).await? {
-                (Found::Decided(begun), life) => return Ok(learned(begun, None, life)),
-                (Found::Abandoned, _) => {}
-                (Found::New, _) => {
-                    if let Err(wait) = limit.take(user_id) {
-                        return Ok(Decision::of(Begin::Limited(wait)));
+        // A token is taken before the claim and given back unless the claim
+        // starts an intent, so that a retry (a replay, a 409, a 422, the
+        // takeover of an abandoned claim, which finishes an intent rather
+        // than starting one) never spends one, and a first click pays no
+        // statement for the limit. Past the limit the row is read first: a
+        // retry is still answered, and a new intent writes nothing.
+        let spent = match &self.limit {
+            Some(limit) => match limit.take(user_id) {
+                Ok(()) => Some(limit),
+                Err(wait) => {
+                    let client = self.pool.get().await?;
+                    match store::find(&client, self.policy, user_id, key, hash).await? {
+                        (Found::Decided(begun), life) => return Ok(learned(begun, None, life)),
+                        (Found::Abandoned, _) => None,
+                        (Found::New, _) => return Ok(Decision::of(Begin::Limited(wait))),
                     }
                 }
-            }
-        }
+            },
+            None => None,
+        };
         let token = store::new_token();
         let admitted = self
             .gate
@@ -308,6 +317,11 @@ impl Engine {
         let begun = self
             .claim_or_read(admitted, user_id, key, hash, token)
             .await;
+        if let Some(limit) = spent {
+            if !matches!(&begun, Ok((Begin::Claimed(claim), _)) if claim.kind.starts_intent()) {
+                limit.give_back(user_id);
+            }
+        }
         match (begun, admitted) {
             (Ok((begun, life)), admitted) => Ok(learned(begun, admitted.then_some(token), life)),
             (Err(error), true) => {
