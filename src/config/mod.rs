@@ -12,15 +12,20 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use config::{Config, Environment, File, FileFormat, Value, ValueKind};
+use config::{Config, Environment, File, FileFormat};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+mod unknown;
+mod validate;
+
+pub use unknown::UnknownKey;
+
 /// The layers built into the binary, so that it runs from any directory.
-const DEFAULT_LAYER: &str = include_str!("../config/default.toml");
+const DEFAULT_LAYER: &str = include_str!("../../config/default.toml");
 const BUILT_IN_LAYERS: [(&str, &str); 2] = [
-    ("local", include_str!("../config/local.toml")),
-    ("production", include_str!("../config/production.toml")),
+    ("local", include_str!("../../config/local.toml")),
+    ("production", include_str!("../../config/production.toml")),
 ];
 const ENV_PREFIX: &str = "STAGEDOOR";
 const ENV_SEPARATOR: &str = "__";
@@ -36,29 +41,6 @@ pub enum ConfigError {
     Unknown { unknown: Vec<UnknownKey> },
     #[error("configuration: no built-in layer and no file {0} for STAGEDOOR_ENV")]
     NoLayer(PathBuf),
-}
-
-/// A key some layer sets that no setting declares.
-#[derive(Debug)]
-pub struct UnknownKey {
-    pub key: String,
-    /// Where it was set: a variable's name or a file's path.
-    pub origin: String,
-    pub nearest: Option<String>,
-}
-
-impl std::fmt::Display for UnknownKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "unknown configuration key `{}` (set by {})",
-            self.key, self.origin
-        )?;
-        match &self.nearest {
-            Some(nearest) => write!(f, "; the nearest known key is `{nearest}`"),
-            None => Ok(()),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -265,7 +247,7 @@ impl Settings {
             serde_ignored::deserialize(layered.clone(), |path| ignored.push(path.to_string()))?;
         if !ignored.is_empty() {
             return Err(ConfigError::Unknown {
-                unknown: unknown_keys(&layered, &ignored, &files)?,
+                unknown: unknown::keys(&layered, &ignored, &files)?,
             });
         }
         settings.environment = environment.to_owned();
@@ -275,84 +257,6 @@ impl Settings {
 
     pub fn is_production(&self) -> bool {
         self.environment == "production"
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: &str| {
-            Err(ConfigError::Invalid {
-                key,
-                reason: reason.to_owned(),
-            })
-        };
-        // First: whatever else is missing, a production that would fake its
-        // charges must be told so.
-        if self.is_production() && self.payrail.sandbox {
-            return invalid(
-                "payrail.sandbox",
-                "is true in production: the sandbox never moves money, so every order would \
-                 be \"paid\" without a charge; set payrail.base_url and payrail.sandbox = false",
-            );
-        }
-        self.validate_auth()?;
-        let webhook_secret = self.payrail.webhook_secret.expose_secret();
-        if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
-            return invalid(
-                "payrail.webhook_secret",
-                "must be at least 32 bytes in production (anyone who guesses it can settle orders)",
-            );
-        }
-        if self.payrail.base_url.is_empty() && !self.payrail.sandbox {
-            return invalid(
-                "payrail.base_url",
-                "is empty and payrail.sandbox is false: there is no Payrail to call",
-            );
-        }
-        if !self.payrail.base_url.is_empty()
-            && !self.payrail.base_url.starts_with("http://")
-            && !self.payrail.base_url.starts_with("https://")
-        {
-            return invalid("payrail.base_url", "must start with http:// or https://");
-        }
-        for origin in &self.http.cors_origins {
-            let host = origin
-                .strip_prefix("https://")
-                .or_else(|| origin.strip_prefix("http://"));
-            if !host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '*', ' '])) {
-                return invalid(
-                    "http.cors_origins",
-                    &format!("`{origin}` is not an origin like https://shop.example[:port]"),
-                );
-            }
-        }
-        let at_least_one: [(&'static str, u64); 12] = [
-            (
-                "limits.new_keys_per_sec",
-                self.limits.new_keys_per_sec.into(),
-            ),
-            ("limits.burst", self.limits.burst.into()),
-            ("database.pool_size", self.database.pool_size as u64),
-            ("payrail.timeout_ms", self.payrail.timeout_ms),
-            ("payrail.max_attempts", self.payrail.max_attempts.into()),
-            (
-                "payrail.breaker_failures",
-                self.payrail.breaker_failures.into(),
-            ),
-            ("idempotency.ttl_secs", self.idempotency.ttl_secs),
-            (
-                "idempotency.cleanup_interval_secs",
-                self.idempotency.cleanup_interval_secs,
-            ),
-            ("idempotency.lease_secs", self.idempotency.lease_secs),
-            ("reconcile.interval_secs", self.reconcile.interval_secs),
-            ("holds.ttl_secs", self.holds.ttl_secs),
-            ("http.max_body_bytes", self.http.max_body_bytes as u64),
-        ];
-        for (key, value) in at_least_one {
-            if value == 0 {
-                return invalid(key, "must be at least 1");
-            }
-        }
-        Ok(())
     }
 }
 
@@ -364,130 +268,6 @@ fn environment_variables() -> Environment {
         .try_parsing(true)
         .list_separator(",")
         .with_list_parse_key("http.cors_origins")
-}
-
-/// Names each key the settings ignored (a whole unknown section by its
-/// keys), where it was set, and the nearest key the defaults declare.
-fn unknown_keys(
-    layered: &Config,
-    ignored: &[String],
-    files: &[PathBuf],
-) -> Result<Vec<UnknownKey>, ConfigError> {
-    let known = leaf_keys(
-        &Config::builder()
-            .add_source(File::from_str(DEFAULT_LAYER, FileFormat::Toml))
-            .build()?
-            .cache,
-    );
-    let variables = Config::builder()
-        .add_source(environment_variables())
-        .build()?;
-    let mut unknown = Vec::new();
-    for path in ignored {
-        let value = layered.get::<Value>(path)?;
-        for key in leaf_keys(&value).into_iter().map(|leaf| join(path, &leaf)) {
-            let origin = if variables.get::<Value>(&key).is_ok() {
-                format!(
-                    "{ENV_PREFIX}{ENV_SEPARATOR}{}",
-                    key.to_uppercase().replace('.', ENV_SEPARATOR)
-                )
-            } else {
-                files
-                    .iter()
-                    .find(|file| {
-                        Config::builder()
-                            .add_source(File::from(file.as_path()).required(false))
-                            .build()
-                            .is_ok_and(|layer| layer.get::<Value>(&key).is_ok())
-                    })
-                    .map_or_else(
-                        || "a configuration file".to_owned(),
-                        |file| file.display().to_string(),
-                    )
-            };
-            let nearest = known
-                .iter()
-                .map(|candidate| (strsim::levenshtein(&key, candidate), candidate))
-                .min()
-                .filter(|(distance, _)| *distance <= key.len().max(4) / 2)
-                .map(|(_, candidate)| candidate.clone());
-            unknown.push(UnknownKey {
-                key,
-                origin,
-                nearest,
-            });
-        }
-    }
-    Ok(unknown)
-}
-
-/// The dotted paths of a value's leaves (`""` for a leaf itself).
-fn leaf_keys(value: &Value) -> Vec<String> {
-    match &value.kind {
-        ValueKind::Table(table) => table
-            .iter()
-            .flat_map(|(name, child)| {
-                leaf_keys(child)
-                    .into_iter()
-                    .map(move |leaf| join(name, &leaf))
-            })
-            .collect(),
-        _ => vec![String::new()],
-    }
-}
-
-fn join(parent: &str, child: &str) -> String {
-    match (parent.is_empty(), child.is_empty()) {
-        (_, true) => parent.to_owned(),
-        (true, false) => child.to_owned(),
-        (false, false) => format!("{parent}.{child}"),
-    }
-}
-
-impl Settings {
-    fn validate_auth(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: &str| {
-            Err(ConfigError::Invalid {
-                key,
-                reason: reason.to_owned(),
-            })
-        };
-        let auth = &self.auth;
-        if !auth.jwt_secret_is_set() && !auth.has_provider() {
-            return invalid(
-                "auth.jwt_secret",
-                "is empty and no identity provider is set: set STAGEDOOR__AUTH__JWT_SECRET, \
-                 or STAGEDOOR__AUTH__JWKS_URL / STAGEDOOR__AUTH__OIDC_ISSUER \
-                 (STAGEDOOR_ENV=local has a dev secret)",
-            );
-        }
-        if auth.jwt_secret_is_set() && auth.jwt_secret.expose_secret().len() < 16 {
-            return invalid("auth.jwt_secret", "must be at least 16 bytes");
-        }
-        if !auth.jwks_url.is_empty() && !auth.oidc_issuer.is_empty() {
-            return invalid(
-                "auth.oidc_issuer",
-                "is set together with auth.jwks_url: set one of the two",
-            );
-        }
-        for (key, url) in [
-            ("auth.jwks_url", &auth.jwks_url),
-            ("auth.oidc_issuer", &auth.oidc_issuer),
-            ("telemetry.otlp_endpoint", &self.telemetry.otlp_endpoint),
-        ] {
-            if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
-                return invalid(key, "must start with http:// or https://");
-            }
-        }
-        if self.is_production() && auth.has_provider() && auth.audience.is_empty() {
-            return invalid(
-                "auth.audience",
-                "is empty in production: without it, a token the identity provider issued \
-                 for any other application would be accepted; set STAGEDOOR__AUTH__AUDIENCE",
-            );
-        }
-        Ok(())
-    }
 }
 
 impl PayrailSettings {

@@ -1,0 +1,131 @@
+//! What makes a loaded configuration unusable, each refusal naming its key:
+//! production's stricter rules (a real secret, no sandbox, an audience for a
+//! provider's tokens) and values no service could run with.
+
+use secrecy::ExposeSecret;
+
+use super::{ConfigError, Settings};
+
+impl Settings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        // First: whatever else is missing, a production that would fake its
+        // charges must be told so.
+        if self.is_production() && self.payrail.sandbox {
+            return invalid(
+                "payrail.sandbox",
+                "is true in production: the sandbox never moves money, so every order would \
+                 be \"paid\" without a charge; set payrail.base_url and payrail.sandbox = false",
+            );
+        }
+        self.validate_auth()?;
+        let webhook_secret = self.payrail.webhook_secret.expose_secret();
+        if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
+            return invalid(
+                "payrail.webhook_secret",
+                "must be at least 32 bytes in production (anyone who guesses it can settle orders)",
+            );
+        }
+        if self.payrail.base_url.is_empty() && !self.payrail.sandbox {
+            return invalid(
+                "payrail.base_url",
+                "is empty and payrail.sandbox is false: there is no Payrail to call",
+            );
+        }
+        if !self.payrail.base_url.is_empty()
+            && !self.payrail.base_url.starts_with("http://")
+            && !self.payrail.base_url.starts_with("https://")
+        {
+            return invalid("payrail.base_url", "must start with http:// or https://");
+        }
+        for origin in &self.http.cors_origins {
+            let host = origin
+                .strip_prefix("https://")
+                .or_else(|| origin.strip_prefix("http://"));
+            if !host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '*', ' '])) {
+                return invalid(
+                    "http.cors_origins",
+                    &format!("`{origin}` is not an origin like https://shop.example[:port]"),
+                );
+            }
+        }
+        let at_least_one: [(&'static str, u64); 12] = [
+            (
+                "limits.new_keys_per_sec",
+                self.limits.new_keys_per_sec.into(),
+            ),
+            ("limits.burst", self.limits.burst.into()),
+            ("database.pool_size", self.database.pool_size as u64),
+            ("payrail.timeout_ms", self.payrail.timeout_ms),
+            ("payrail.max_attempts", self.payrail.max_attempts.into()),
+            (
+                "payrail.breaker_failures",
+                self.payrail.breaker_failures.into(),
+            ),
+            ("idempotency.ttl_secs", self.idempotency.ttl_secs),
+            (
+                "idempotency.cleanup_interval_secs",
+                self.idempotency.cleanup_interval_secs,
+            ),
+            ("idempotency.lease_secs", self.idempotency.lease_secs),
+            ("reconcile.interval_secs", self.reconcile.interval_secs),
+            ("holds.ttl_secs", self.holds.ttl_secs),
+            ("http.max_body_bytes", self.http.max_body_bytes as u64),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_auth(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        let auth = &self.auth;
+        if !auth.jwt_secret_is_set() && !auth.has_provider() {
+            return invalid(
+                "auth.jwt_secret",
+                "is empty and no identity provider is set: set STAGEDOOR__AUTH__JWT_SECRET, \
+                 or STAGEDOOR__AUTH__JWKS_URL / STAGEDOOR__AUTH__OIDC_ISSUER \
+                 (STAGEDOOR_ENV=local has a dev secret)",
+            );
+        }
+        if auth.jwt_secret_is_set() && auth.jwt_secret.expose_secret().len() < 16 {
+            return invalid("auth.jwt_secret", "must be at least 16 bytes");
+        }
+        if !auth.jwks_url.is_empty() && !auth.oidc_issuer.is_empty() {
+            return invalid(
+                "auth.oidc_issuer",
+                "is set together with auth.jwks_url: set one of the two",
+            );
+        }
+        for (key, url) in [
+            ("auth.jwks_url", &auth.jwks_url),
+            ("auth.oidc_issuer", &auth.oidc_issuer),
+            ("telemetry.otlp_endpoint", &self.telemetry.otlp_endpoint),
+        ] {
+            if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+                return invalid(key, "must start with http:// or https://");
+            }
+        }
+        if self.is_production() && auth.has_provider() && auth.audience.is_empty() {
+            return invalid(
+                "auth.audience",
+                "is empty in production: without it, a token the identity provider issued \
+                 for any other application would be accepted; set STAGEDOOR__AUTH__AUDIENCE",
+            );
+        }
+        Ok(())
+    }
+}
