@@ -161,19 +161,17 @@ impl Worker {
             .next()
             .and_then(|line| line.trim().parse().ok())
             .ok_or_else(|| format!("{}: no pid on its first line", pid_file.display()))?;
-        // The postmaster first, so that it cannot start a new child, then
-        // the children it had.
+        // The children are listed while they are still the postmaster's;
+        // the postmaster is killed first, so that it cannot start a new
+        // one, then they are. Only the postmaster's kill must succeed: a
+        // child may end by itself in between, and its kill then fails.
         let mut pids = vec![postmaster];
         pids.extend(children(postmaster));
-        let status = Command::new("kill")
-            .arg("-KILL")
-            .args(pids.iter().map(u32::to_string))
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("kill: {e}"))?;
+        let status = kill(&[postmaster])?;
         if !status.success() && alive(postmaster) {
             return Err(format!("kill -KILL {postmaster}: {status}"));
         }
+        kill(&pids[1..])?;
         // The postmaster must be reaped too, not just dead: a new one
         // refuses to start while the pid in `postmaster.pid` names any
         // process, a zombie included (here init reaps within seconds).
@@ -214,6 +212,19 @@ impl Worker {
             ))
         }
     }
+}
+
+/// `kill -KILL` to `pids` (none: nothing to do), and how it ended.
+fn kill(pids: &[u32]) -> Result<std::process::ExitStatus, String> {
+    if pids.is_empty() {
+        return Ok(std::process::ExitStatus::default());
+    }
+    Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("kill: {e}"))
 }
 
 /// The processes whose parent is `pid` (from `/proc`).
