@@ -57,6 +57,8 @@ fn is_lost_node(message: &str) -> bool {
         "SSL SYSCALL error",
         "server closed the connection unexpectedly",
         "connection not open",
+        // An `INSERT … SELECT` whose rows go to a worker that is down.
+        "failed to COPY to shard",
     ]
     .iter()
     .any(|lost| message.contains(lost))
@@ -80,6 +82,7 @@ mod tests {
             "failure on connection marked as essential: 127.0.0.1:9702",
             "could not commit transaction for shard 102053 on at least one active node",
             "SSL SYSCALL error: EOF detected",
+            "failed to COPY to shard 0 on 127.0.0.1:9702",
         ] {
             assert!(is_lost_node(message), "{message}");
         }
