@@ -35,10 +35,11 @@ impl Error {
 /// made, and the same request succeeds when sent again).
 ///
 /// On a Citus cluster, a worker that went away mid-statement or mid-commit
-/// reaches the client as `XX000` (Citus gives those errors no SQLSTATE of
-/// their own): the coordinator's transaction is aborted or its outcome is
-/// with the two-phase commit's recovery, so a retry with the same key finds
-/// what was made, as after a connection lost on a commit here.
+/// reaches the client with a code that does not say so (`XX000` mostly,
+/// `58030` for a copy to a shard), so its message decides: the
+/// coordinator's transaction is aborted or its outcome is with the
+/// two-phase commit's recovery, so a retry with the same key finds what was
+/// made, as after a connection lost on a commit here.
 pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
     error.is_closed()
         || error
@@ -46,7 +47,7 @@ pub fn is_unavailable(error: &tokio_postgres::Error) -> bool {
             .is_none_or(|code| is_unavailable_state(code.code()))
         || error
             .as_db_error()
-            .is_some_and(|e| e.code().code() == "XX000" && is_lost_node(e.message()))
+            .is_some_and(|e| is_lost_node(e.message()))
 }
 
 /// Citus's messages for a connection to another node that failed.
@@ -59,6 +60,11 @@ fn is_lost_node(message: &str) -> bool {
         "connection not open",
         // An `INSERT … SELECT` whose rows go to a worker that is down.
         "failed to COPY to shard",
+        // A worker's backend cut off by its postmaster's crash or shutdown,
+        // relayed without its SQLSTATE.
+        "terminating connection due to",
+        "could not receive data from",
+        "could not send data to",
     ]
     .iter()
     .any(|lost| message.contains(lost))
@@ -83,6 +89,7 @@ mod tests {
             "could not commit transaction for shard 102053 on at least one active node",
             "SSL SYSCALL error: EOF detected",
             "failed to COPY to shard 0 on 127.0.0.1:9702",
+            "terminating connection due to unexpected postmaster exit",
         ] {
             assert!(is_lost_node(message), "{message}");
         }
