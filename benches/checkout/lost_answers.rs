@@ -93,7 +93,7 @@ async fn measure(bench: &Bench, clicks: usize, events: bool) -> Vec<Duration> {
     // Clicks and the watch run side by side, so that a click's time is its
     // own and not the time the clicks after it took to be sent.
     let sent: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
-    let clicking = Cell::new(true);
+    let clicked_at = Cell::new(None);
     let click = async {
         while let Some((buyer, hold)) = holds.take() {
             let key = Uuid::new_v4().to_string();
@@ -112,17 +112,16 @@ async fn measure(bench: &Bench, clicks: usize, events: bool) -> Vec<Duration> {
             sent.borrow_mut().insert(key, started);
             tokio::time::sleep(CLICK_EVERY).await;
         }
-        clicking.set(false);
+        clicked_at.set(Some(Instant::now()));
     };
     let client = app.pool.get().await.expect("a connection");
     let watch = async {
         let mut settled = Vec::with_capacity(clicks);
-        let mut deadline = Instant::now() + deadline_after;
         loop {
-            if clicking.get() {
-                deadline = Instant::now() + deadline_after;
-            } else if sent.borrow().is_empty() || Instant::now() >= deadline {
-                return settled;
+            if let Some(clicked_at) = clicked_at.get() {
+                if sent.borrow().is_empty() || clicked_at.elapsed() >= deadline_after {
+                    return settled;
+                }
             }
             let keys: Vec<String> = sent.borrow().keys().cloned().collect();
             let rows = client

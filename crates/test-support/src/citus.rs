@@ -165,19 +165,18 @@ impl Worker {
         // the postmaster is killed first, so that it cannot start a new
         // one, then they are. Only the postmaster's kill must succeed: a
         // child may end by itself in between, and its kill then fails.
-        let mut pids = vec![postmaster];
-        pids.extend(children(postmaster));
+        let children = children(postmaster);
         let status = kill(&[postmaster])?;
         if !status.success() && alive(postmaster) {
             return Err(format!("kill -KILL {postmaster}: {status}"));
         }
-        kill(&pids[1..])?;
+        kill(&children)?;
         // The postmaster must be reaped too, not just dead: a new one
         // refuses to start while the pid in `postmaster.pid` names any
         // process, a zombie included (here init reaps within seconds).
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::path::Path::new(&format!("/proc/{postmaster}")).exists()
-            || pids.iter().any(|pid| alive(*pid))
+            || children.iter().any(|pid| alive(*pid))
         {
             if Instant::now() > deadline {
                 return Err(format!("processes of port {} outlived SIGKILL", self.port));
