@@ -122,6 +122,21 @@ impl Setup {
             .unwrap()
     }
 
+    /// The sandbox's event list once `settled` holds for it: the sandbox
+    /// counts a delivery after the receiver's 2xx has reached it, a moment
+    /// after the receiver saw the event.
+    async fn events_when(&self, settled: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listed = self.get("/v1/sandbox/events").await;
+            if settled(&listed) {
+                return listed;
+            }
+            assert!(Instant::now() < deadline, "{listed:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn set_faults(&self, faults: Value) {
         let response = self
             .http
@@ -223,14 +238,13 @@ async fn every_decided_charge_is_sent_as_a_signed_event() {
         2,
         "nothing for the error, nothing for the replay"
     );
-    let listed = app.get("/v1/sandbox/events").await;
-    assert_eq!(listed.len(), 2, "{listed:?}");
-    assert!(
-        listed
-            .iter()
-            .all(|e| e["attempts"] == 1 && e["delivered"] == 1),
-        "{listed:?}"
-    );
+    app.events_when(|listed| {
+        listed.len() == 2
+            && listed
+                .iter()
+                .all(|e| e["attempts"] == 1 && e["delivered"] == 1)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -251,9 +265,8 @@ async fn a_refused_delivery_is_retried_with_the_same_bytes_until_a_2xx() {
         3,
         "no retry after a 2xx"
     );
-    let listed = app.get("/v1/sandbox/events").await;
-    assert_eq!(listed[0]["attempts"], 3, "{listed:?}");
-    assert_eq!(listed[0]["delivered"], 1, "{listed:?}");
+    app.events_when(|listed| listed[0]["attempts"] == 3 && listed[0]["delivered"] == 1)
+        .await;
 }
 
 #[tokio::test]
@@ -269,14 +282,8 @@ async fn webhook_faults_delay_double_and_lose_deliveries() {
         "delayed"
     );
     assert_eq!(received[0].1, received[1].1, "the same event twice");
-    let listed = app.get("/v1/sandbox/events").await;
-    assert_eq!(
-        (
-            listed[0]["copies"].as_u64(),
-            listed[0]["delivered"].as_u64()
-        ),
-        (Some(2), Some(2))
-    );
+    app.events_when(|listed| listed[0]["copies"] == 2 && listed[0]["delivered"] == 2)
+        .await;
 
     // Every attempt counted as lost: delivered again and again, until the
     // fault is lifted.
