@@ -51,7 +51,7 @@ pub async fn key_rows(bench: &mut Bench) {
         .query_one(
             "SELECT avg(pg_column_size(user_id))::float8, avg(pg_column_size(key))::float8,
                     avg(pg_column_size(request_hash))::float8,
-                    avg(pg_column_size(effect))::float8,
+                    COALESCE(avg(pg_column_size(effect)), 0)::float8, -- answered keys keep no link
                     avg(pg_column_size(response_body))::float8,
                     avg(pg_column_size(response_content_type))::float8,
                     avg(pg_column_size(response_location))::float8

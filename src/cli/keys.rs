@@ -160,16 +160,19 @@ struct Document {
 struct KeyRow {
     created_at: String,
     expires_at: String,
-    lease_expires_at: String,
+    /// Null once answered: an answered key keeps no claim.
+    lease_expires_at: Option<String>,
     lease_expired: bool,
     effect: Option<Effect>,
     response: Option<Response>,
 }
 
-/// The effect the click made that settles later: here always an order.
+/// The effect the click made: here always an order. The key links it
+/// while it settles; once the key is answered, the order is the one made
+/// with the click's key.
 #[derive(Debug, Serialize)]
 struct Effect {
-    /// As the key links it.
+    /// As the key links it, or the order's id.
     id: String,
     /// The order it names; null if there is none.
     order: Option<OrderSummary>,
@@ -217,12 +220,9 @@ impl Document {
             Some(report) => Some(KeyRow {
                 created_at: timestamp(report.created_at),
                 expires_at: timestamp(report.expires_at),
-                lease_expires_at: timestamp(report.lease_expires_at),
+                lease_expires_at: report.lease_expires_at.map(timestamp),
                 lease_expired: report.lease_expired,
-                effect: match &report.effect {
-                    Some(id) => Some(Effect::of(client, click.user.as_str(), id).await?),
-                    None => None,
-                },
+                effect: Effect::of_click(client, click, report).await?,
                 response: report.response.as_ref().map(|response| Response {
                     status: response.status,
                     content_type: response.content_type.clone(),
@@ -243,15 +243,33 @@ impl Document {
 }
 
 impl Effect {
-    async fn of(client: &impl GenericClient, user_id: &str, id: &str) -> anyhow::Result<Self> {
-        let order = match Uuid::parse_str(id) {
-            Ok(order_id) => orders::load(client, user_id, order_id)
-                .await
-                .with_context(|| format!("loading order {order_id}"))?,
-            Err(_) => None,
-        };
-        Ok(Self {
-            id: id.to_owned(),
+    async fn of_click(
+        client: &impl GenericClient,
+        click: &Click,
+        report: &KeyReport,
+    ) -> anyhow::Result<Option<Self>> {
+        let user_id = click.user.as_str();
+        if let Some(id) = &report.effect {
+            let order = match Uuid::parse_str(id) {
+                Ok(order_id) => orders::load(client, user_id, order_id)
+                    .await
+                    .with_context(|| format!("loading order {order_id}"))?,
+                Err(_) => None,
+            };
+            return Ok(Some(Self::new(id.clone(), order)));
+        }
+        if report.response.is_none() {
+            return Ok(None);
+        }
+        let order = orders::made_by_click(client, user_id, click.key.as_str(), report.created_at)
+            .await
+            .context("loading the click's order")?;
+        Ok(order.map(|order| Self::new(order.order_id.to_string(), Some(order))))
+    }
+
+    fn new(id: String, order: Option<orders::Order>) -> Self {
+        Self {
+            id,
             order: order.map(|order| OrderSummary {
                 order_id: order.order_id,
                 status: order.status,
@@ -260,7 +278,7 @@ impl Effect {
                 currency: order.currency,
                 created_at: order.created_at,
             }),
-        })
+        }
     }
 }
 

@@ -53,10 +53,13 @@ pub struct KeyReport {
     pub created_at: SystemTime,
     /// `created_at` + the TTL.
     pub expires_at: SystemTime,
-    /// Until when the request that claimed it may finish it alone.
-    pub lease_expires_at: SystemTime,
+    /// Until when the request that claimed it may finish it alone; `None`
+    /// once answered (the answer's write clears the claim).
+    pub lease_expires_at: Option<SystemTime>,
+    /// The lease ran out (false once answered).
     pub lease_expired: bool,
-    /// The id of the effect the intent made that settles later, if linked.
+    /// The id of the effect the intent made that settles later, while it is
+    /// linked (until the answer is stored).
     pub effect: Option<String>,
     /// The stored answer (status, headers, body), once there is one.
     pub response: Option<StoredResponse>,
@@ -67,7 +70,7 @@ pub struct KeyReport {
 const REPORT: &str = "k.created_at,
     k.created_at + make_interval(secs => $3) AS expires_at,
     k.lease_expires_at,
-    k.lease_expires_at <= now() AS lease_expired,
+    COALESCE(k.lease_expires_at <= now(), false) AS lease_expired,
     k.created_at <= now() - make_interval(secs => $3) AS expired,
     k.effect, k.response_status, k.response_content_type,
     k.response_location, k.response_body";

@@ -49,7 +49,8 @@ impl Linking {
 }
 
 /// Records an outcome and stores the intent's answer, the answer only while
-/// the claim holds (and only if `made`).
+/// the claim holds (and only if `made`). The outcome settles the effect, so
+/// the key forgets its link with the answer.
 ///
 /// For an effect that is true whoever holds the claim (recording a
 /// decision that another system made, such as a payment's): its writes run
@@ -66,7 +67,7 @@ impl Storing {
         Self(format!(
             "WITH {effect},
              stored AS (
-                 UPDATE idempotency_keys SET {SET_ANSWER}
+                 UPDATE idempotency_keys SET {SET_ANSWER}, effect = NULL
                  WHERE user_id = $1 AND key = $2 AND claim_token = $3
                    AND response_status IS NULL AND ({made})
                  RETURNING 1

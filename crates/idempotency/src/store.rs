@@ -107,7 +107,7 @@ pub(crate) async fn claim(
                         k.request_hash, k.claim_token, k.response_status,
                         k.response_content_type, k.response_location, k.response_body,
                         k.created_at <= now() - make_interval(secs => $6) AS expired,
-                        k.lease_expires_at <= now() AS lease_over,
+                        COALESCE(k.lease_expires_at <= now(), false) AS lease_over,
                         extract(epoch FROM k.created_at + make_interval(secs => $6) - now())::float8
                             AS life_secs
                  FROM (VALUES (1)) AS one (x)
@@ -157,7 +157,10 @@ pub(crate) async fn claim(
             return Ok((Begin::InProgress, row.life));
         }
         // The holder's lease ran out (it crashed or stalled): finish its intent.
-        if let Some(effect) = take_abandoned(client, policy, &claim, row.token).await? {
+        let Some(seen_token) = row.token else {
+            continue;
+        };
+        if let Some(effect) = take_abandoned(client, policy, &claim, seen_token).await? {
             claim.effect = effect;
             claim.kind = ClaimKind::Abandoned;
             return Ok((Begin::Claimed(claim), row.life));
@@ -274,7 +277,8 @@ pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool,
 /// A key row as `read` and `begin` select it.
 pub(crate) struct KeyRow {
     pub hash: Vec<u8>,
-    pub token: i64,
+    /// `None` once answered: an answered row keeps no claim.
+    pub token: Option<i64>,
     pub response: Option<StoredResponse>,
     pub expired: bool,
     pub lease_over: bool,
@@ -329,7 +333,7 @@ pub(crate) async fn read(
             "SELECT request_hash, claim_token, response_status,
                     response_content_type, response_location, response_body,
                     created_at <= now() - make_interval(secs => $3) AS expired,
-                    lease_expires_at <= now() AS lease_over,
+                    COALESCE(lease_expires_at <= now(), false) AS lease_over,
                     extract(epoch FROM created_at + make_interval(secs => $3) - now())::float8
                         AS life_secs
              FROM idempotency_keys
@@ -369,12 +373,13 @@ async fn take_expired(
     settling: Settling,
     claim: &Claim,
     hash: &RequestHash,
-    seen_token: i64,
+    seen_token: Option<i64>,
 ) -> Result<Expired, Error> {
     let guard = settling.of_key();
     // The settling guard is the caller's SQL over `k`, in the same
     // statement, so the database decides it on the row it updates; when the
-    // update matched nothing, `settling` says whether the guard was why.
+    // update matched nothing, `settling` says whether the guard was why. An
+    // answered row has no token: `IS NOT DISTINCT FROM` matches it as read.
     let sql = format!(
         "WITH taken AS (
              UPDATE idempotency_keys AS k
@@ -382,14 +387,15 @@ async fn take_expired(
                  lease_expires_at = now() + make_interval(secs => $6),
                  effect = NULL, response_status = NULL, response_content_type = NULL,
                  response_location = NULL, response_body = NULL, created_at = now()
-             WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token = $4
+             WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token IS NOT DISTINCT FROM $4
                AND k.created_at <= now() - make_interval(secs => $7)
                AND NOT {guard}
              RETURNING 1
          )
          SELECT EXISTS (SELECT 1 FROM taken) AS taken,
                 COALESCE((SELECT {guard} FROM idempotency_keys AS k
-                          WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token = $4),
+                          WHERE k.user_id = $1 AND k.key = $2
+                            AND k.claim_token IS NOT DISTINCT FROM $4),
                          false) AS settling"
     );
     let statement = client.prepare_cached(&sql).await?;

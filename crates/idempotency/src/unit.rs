@@ -18,7 +18,7 @@ use std::sync::LazyLock;
 use deadpool_postgres::{GenericClient, Object, Transaction};
 use tokio_postgres::types::ToSql;
 
-use crate::{Claim, Error, StoredResponse};
+use crate::{Claim, Error, Settling, StoredResponse};
 
 /// One transaction of a claim's work; see the module documentation.
 pub struct Unit<'a> {
@@ -124,20 +124,26 @@ impl<'a> Unit<'a> {
 /// key still belongs to the same intent and has no answer yet: for whoever
 /// settles an effect outside any claim (a reconciliation job), in its own
 /// transaction with the settlement. False when there was nothing to store on.
+///
+/// The key forgets its link with the answer, unless `settling` (evaluated
+/// in the statement, so after the settlement written before it in the same
+/// transaction) says the effect is still settling: an answer given before
+/// its effect settled (a 202) keeps the key from a purge until it has.
 pub async fn store_for_effect(
     client: &impl GenericClient,
+    settling: Settling,
     user_id: &str,
     key: &str,
     effect: &str,
     response: &StoredResponse,
 ) -> Result<bool, Error> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "UPDATE idempotency_keys SET {SET_ANSWER}
-             WHERE user_id = $1 AND key = $2 AND effect = $3 AND response_status IS NULL"
-        )
-    });
-    let stored = write_answer(client, &SQL, user_id, key, &effect, response).await?;
+    let sql = format!(
+        "UPDATE idempotency_keys AS k
+         SET {SET_ANSWER}, effect = CASE WHEN {} THEN k.effect END
+         WHERE k.user_id = $1 AND k.key = $2 AND k.effect = $3 AND k.response_status IS NULL",
+        settling.of_key()
+    );
+    let stored = write_answer(client, &sql, user_id, key, &effect, response).await?;
     Ok(stored == 1)
 }
 
@@ -150,7 +156,7 @@ pub(crate) async fn store_answer(
 ) -> Result<Fence, Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "UPDATE idempotency_keys SET {SET_ANSWER}
+            "UPDATE idempotency_keys SET {SET_ANSWER}, effect = NULL
              WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL"
         )
     });
@@ -172,8 +178,13 @@ pub(crate) async fn store_answer(
 
 /// How every write of an answer sets the key row's columns: $4 status, $5
 /// content type, $6 location, $7 body (`write_answer` and `Storing` bind them).
+/// An answered key is never taken over, fenced or resumed again, so its
+/// claim (the token and the lease) goes with the write, and so does the
+/// link to an effect that has settled (each write says when it has): with
+/// them goes a tenth of the row.
 pub(crate) const SET_ANSWER: &str = "response_status = $4, response_content_type = $5, \
-                                     response_location = $6, response_body = $7";
+                                     response_location = $6, response_body = $7, \
+                                     claim_token = NULL, lease_expires_at = NULL";
 
 /// Runs one of the two answer writes above; `fence` is what its condition
 /// names besides the key (the claim token, or the effect).

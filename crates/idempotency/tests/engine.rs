@@ -26,7 +26,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 1);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 2);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(
@@ -235,11 +235,16 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     // A job that settles the effect outside any claim stores its answer.
     let client = toy.pool.get().await.unwrap();
     let answer = StoredResponse::new(200, "text/plain", b"settled".to_vec());
-    assert!(
-        idempotency::store_for_effect(&client, "alice", "settling", "effect-7", &answer)
-            .await
-            .unwrap()
-    );
+    assert!(idempotency::store_for_effect(
+        &client,
+        idempotency::Settling::NEVER,
+        "alice",
+        "settling",
+        "effect-7",
+        &answer
+    )
+    .await
+    .unwrap());
     assert!(matches!(
         engine.begin("alice", &k, &h).await.unwrap(),
         Begin::Replay(ref replay) if *replay == answer

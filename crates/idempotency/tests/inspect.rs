@@ -143,7 +143,9 @@ async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
             .unwrap(),
         DAY
     );
-    assert!(holding.lease_expires_at > holding.created_at);
+    assert!(holding
+        .lease_expires_at
+        .is_some_and(|lease| lease > holding.created_at));
     assert!(!holding.lease_expired);
     assert_eq!((holding.effect, holding.response), (None, None));
     assert_eq!(
@@ -161,6 +163,38 @@ async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
     let paying = toy.show(DAY, "alice", "paying").await.unwrap();
     assert_eq!(paying.state, KeyState::InProgress);
     assert_eq!(paying.effect.as_deref(), Some("effect-1"));
+
+    // Its answer, stored by whoever settled the effect, takes the claim
+    // with it: the token, the lease and the link.
+    toy.settle("effect-1").await;
+    let paid = StoredResponse::new(201, "application/json", b"{\"paid\":true}".to_vec());
+    let client = toy.pool.get().await.unwrap();
+    assert!(
+        idempotency::store_for_effect(&client, PENDING, "alice", "paying", "effect-1", &paid)
+            .await
+            .unwrap()
+    );
+    let claim: (Option<i64>, Option<SystemTime>, Option<String>) = client
+        .query_one(
+            "SELECT claim_token, lease_expires_at, effect FROM idempotency_keys
+             WHERE user_id = 'alice' AND key = 'paying'",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .unwrap();
+    assert_eq!(claim, (None, None, None), "an answered key keeps no claim");
+    let paid_key = toy.show(DAY, "alice", "paying").await.unwrap();
+    assert_eq!(paid_key.state, KeyState::Answered);
+    assert_eq!(
+        (
+            paid_key.lease_expires_at,
+            paid_key.lease_expired,
+            paid_key.effect
+        ),
+        (None, false, None)
+    );
+    assert_eq!(paid_key.response, Some(paid));
 
     // Under a TTL of a second, a second later, every one of them is expired.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -217,11 +251,16 @@ async fn a_key_whose_effect_is_settling_is_refused_until_the_effect_settles() {
     toy.settling(DAY, "alice", "stored-early", "effect-2").await;
     let client = toy.pool.get().await.unwrap();
     let answer = StoredResponse::new(202, "application/json", b"{}".to_vec());
-    assert!(
-        idempotency::store_for_effect(&client, "alice", "stored-early", "effect-2", &answer)
-            .await
-            .unwrap()
-    );
+    assert!(idempotency::store_for_effect(
+        &client,
+        PENDING,
+        "alice",
+        "stored-early",
+        "effect-2",
+        &answer
+    )
+    .await
+    .unwrap());
     tokio::time::sleep(Duration::from_millis(1_100)).await;
 
     for (k, effect) in [("paying", "effect-1"), ("stored-early", "effect-2")] {

@@ -244,6 +244,9 @@ pub mod sql {
     }
 
     /// The key table: its stored answers, joined to the orders they made.
+    /// An answered key keeps no link to its order: the order names its
+    /// click's key, and one made before the key row belongs to an earlier
+    /// intent of a key restarted past its TTL.
     pub async fn stored_answers_of_orders(db: &tokio_postgres::Client) -> Vec<StoredAnswerRow> {
         let sql = "SELECT k.user_id, k.key, k.response_status,
                           k.response_content_type = 'application/problem+json',
@@ -252,7 +255,8 @@ pub mod sql {
                           coalesce(k.response_location, '/orders/' || o.order_id::text)
                               = '/orders/' || o.order_id::text
                    FROM idempotency_keys k
-                   JOIN orders o ON o.user_id = k.user_id AND o.order_id::text = k.effect
+                   JOIN orders o ON o.user_id = k.user_id AND o.idempotency_key = k.key
+                                    AND o.created_at >= k.created_at
                    WHERE k.response_status IS NOT NULL";
         rows(db, sql, |row| StoredAnswerRow {
             user: row.get(0),

@@ -189,6 +189,30 @@ pub async fn load(
         .transpose()
 }
 
+/// The order a buyer's click made, found by the click's key: for a key
+/// that no longer links its order (an answered key keeps no link). An order
+/// made before the key row's `created_at` belongs to an earlier intent of
+/// the same key, one that ran past its TTL and was restarted.
+pub async fn made_by_click(
+    client: &impl GenericClient,
+    user_id: &str,
+    key: &str,
+    since: std::time::SystemTime,
+) -> Result<Option<Order>, DbError> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM orders
+             WHERE user_id = $1 AND idempotency_key = $2 AND created_at >= $3
+             ORDER BY created_at DESC LIMIT 1"
+        ))
+        .await?;
+    client
+        .query_opt(&statement, &[&user_id, &key, &since])
+        .await?
+        .map(|row| Order::from_row(&row))
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

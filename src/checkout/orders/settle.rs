@@ -153,6 +153,7 @@ impl Orders {
         };
         idempotency::store_for_effect(
             &tx,
+            super::SETTLING,
             &order.user_id,
             &order.idempotency_key,
             &order_id.to_string(),

@@ -95,12 +95,17 @@ async fn show_tells_a_paid_click_a_settling_one_and_an_absent_one_apart() {
         doc["response"].get("body").is_none(),
         "the body only with --body"
     );
-    for time in ["created_at", "expires_at", "lease_expires_at"] {
+    for time in ["created_at", "expires_at"] {
         assert!(
             doc[time].as_str().is_some_and(|t| t.ends_with('Z')),
             "{time}"
         );
     }
+    assert_eq!(
+        (&doc["lease_expires_at"], &doc["lease_expired"]),
+        (&Value::Null, &Value::Bool(false)),
+        "an answered key keeps no claim"
+    );
 
     let with_body = keys(
         &app,
