@@ -4,7 +4,7 @@
 
 use test_support::invariants;
 
-use crate::helpers::TestApp;
+use crate::helpers::{new_key, spawn_app, Seen, TestApp};
 
 /// Panics with every violation found, each naming the rows involved.
 pub async fn assert_invariants(app: &TestApp) {
@@ -23,13 +23,11 @@ pub async fn assert_invariants(app: &TestApp) {
 /// its click's key.
 #[tokio::test]
 async fn the_checker_finds_an_answer_that_disagrees_with_its_order() {
-    let app = crate::helpers::spawn_app().await;
+    let app = spawn_app().await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
-    let key = crate::helpers::new_key();
-    let paid =
-        crate::helpers::Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await)
-            .await;
+    let key = new_key();
+    let paid = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
     assert_eq!(paid.status, 201);
     assert_invariants(&app).await;
 
