@@ -5,6 +5,7 @@
 -- A click's rows are the buyer's: `orders` and `idempotency_keys` are
 -- distributed by `user_id`, co-located, so the claim, the order, the
 -- settlement and the answer of one click are on one shard of one worker.
+-- The engine's claim function goes with them, delegated by the buyer.
 --
 -- The seat side (events, seats, holds) stays on the coordinator. A seat is
 -- contended by every buyer, so it cannot live on a buyer's shard; as a
@@ -27,6 +28,14 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_keys'::regclass) THEN
         PERFORM create_distributed_table('idempotency_keys', 'user_id', colocate_with => 'orders');
+    END IF;
+    -- The claim (the engine's V3) runs whole on the worker that holds the
+    -- buyer's shard: its first argument is the key's `user_id`.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
+                   WHERE objid = 'idempotency_claim(text,text,bytea,bigint,float8,float8)'::regprocedure
+                     AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('idempotency_claim(text,text,bytea,bigint,float8,float8)',
+                                            '$1', colocate_with => 'idempotency_keys');
     END IF;
     -- The seat side, with seats and events by their foreign keys.
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN

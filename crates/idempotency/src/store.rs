@@ -34,10 +34,10 @@ pub enum Begin {
     Limited(std::time::Duration),
 }
 
-/// Claims the key for this request, or says why not. The first statement is
-/// the insert, and the same statement reads the row a lost insert met, so
-/// that a replay costs one round trip, not two. Call it outside any
-/// transaction: it turns off the synchronous commit of the one it runs in.
+/// Claims the key for this request, or says why not. The first call is the
+/// insert, and the same call reads the row a lost insert met, so that a
+/// replay costs one round trip, not two. Call it outside any transaction: it
+/// turns off the synchronous commit of the one it runs in.
 pub async fn begin(
     client: &impl GenericClient,
     policy: Policy,
@@ -83,35 +83,15 @@ pub(crate) async fn claim(
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.
     for _ in 0..3 {
-        // The outer SELECT sees the table as it was when the statement began:
-        // never the row this insert made, and not a row that a concurrent
-        // request committed a moment later (the insert waits for it and
-        // loses; the next pass reads it).
-        //
-        // The insert commits without waiting for its WAL flush
-        // (`synchronous_commit` off for this transaction only): nothing
-        // outside the database acts on a claim until the work's own
-        // transaction commits, and that commit waits for a flush that covers
-        // this insert's record too. A crash in between loses a claim that
-        // left nothing behind, so the retry starts afresh, as after a release.
+        // The insert, and the read of the row it lost to, in one call
+        // (migrations/V3): on a distributed table it runs whole on the node
+        // that holds the row, and its relaxed commit is that node's.
         let insert = client
             .prepare_cached(
-                "WITH inserted AS (
-                     INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
-                     VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
-                     ON CONFLICT (user_id, key) DO NOTHING
-                     RETURNING 1
-                 )
-                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
-                        EXISTS (SELECT 1 FROM inserted) AS won,
-                        k.request_hash, k.claim_token, k.response_status,
-                        k.response_content_type, k.response_location, k.response_body,
-                        k.created_at <= now() - make_interval(secs => $6) AS expired,
-                        COALESCE(k.lease_expires_at <= now(), false) AS lease_over,
-                        extract(epoch FROM k.created_at + make_interval(secs => $6) - now())::float8
-                            AS life_secs
-                 FROM (VALUES (1)) AS one (x)
-                 LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2",
+                "SELECT won, request_hash, claim_token, response_status,
+                        response_content_type, response_location, response_body,
+                        expired, lease_over, life_secs
+                 FROM idempotency_claim($1, $2, $3, $4, $5, $6)",
             )
             .await?;
         let row = client

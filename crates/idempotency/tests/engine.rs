@@ -26,7 +26,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 2);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 3);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(
