@@ -33,7 +33,9 @@ async fn a_key_past_its_ttl_is_a_new_intent_even_before_it_is_deleted() {
     assert_eq!(again.problem(), "seat-unavailable");
 }
 
-async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str) {
+/// `n` answered keys of user `load`, the youngest `age` old, each `spacing`
+/// older than the one before.
+async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str, spacing: &str) {
     app.db
         .client()
         .await
@@ -43,7 +45,8 @@ async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str) {
                      lease_expires_at, response_status, response_content_type, response_body,
                      created_at)
                  SELECT 'load', 'k-' || g || '-' || md5(random()::text), '\\x00', g,
-                        now(), 201, 'application/json', '{{}}', now() - interval '{age}'
+                        now(), 201, 'application/json', '{{}}',
+                        now() - interval '{age}' - g * interval '{spacing}'
                  FROM generate_series(1, $1::bigint) g"
             ),
             &[&n],
@@ -55,8 +58,12 @@ async fn insert_keys(app: &crate::helpers::TestApp, n: i64, age: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
     let app = spawn_app().await;
-    insert_keys(&app, 12_345, "2 days").await;
-    insert_keys(&app, 10, "1 hour").await;
+    // A day of a key every 10 s, a gap of a week, then a burst of a key every
+    // 10 ms: the cleanup's slices of `created_at` jump the gap and shrink
+    // to the burst.
+    insert_keys(&app, 8_000, "2 days", "10 s").await;
+    insert_keys(&app, 4_345, "10 days", "10 ms").await;
+    insert_keys(&app, 10, "1 hour", "1 s").await;
     let seats = app.seed("show", 10, 2500).await;
     let mut holds = Vec::new();
     for seat in &seats {
@@ -120,7 +127,7 @@ async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
 #[tokio::test]
 async fn the_cleanup_command_prints_how_many_rows_went() {
     let app = spawn_app().await;
-    insert_keys(&app, 42, "3 days").await;
+    insert_keys(&app, 42, "3 days", "1 s").await;
     let output = crate::cli::run(&app, &["cleanup"], &[]).await;
     assert!(
         output.status.success(),

@@ -9,8 +9,11 @@ use deadpool_postgres::{GenericClient, Object, Pool};
 
 use crate::{Error, Settling};
 
-/// Rows per statement: large enough to go fast, small enough to stay brief
-/// (a few milliseconds).
+/// Rows per statement on one PostgreSQL: large enough to go fast, small
+/// enough to stay brief (a few milliseconds). Each slice of the run is a
+/// range of `created_at` sized for about that many rows by the slices
+/// before it; no statement counts rows ahead (on Citus, a query for the
+/// batch's last row fetches a batch from every shard).
 pub const BATCH: i64 = 2_000;
 /// The advisory lock that lets one instance at a time clean up.
 pub const CLEANUP_LOCK: i64 = 0x4944_454d_434c_4e55; // "IDEMCLNU"
@@ -75,16 +78,27 @@ impl Cleanup {
     }
 
     async fn delete_in_batches(&self, client: &Object) -> Result<u64, Error> {
+        let target = BATCH * (shards(client).await? / 4).max(1);
         let mut deleted = 0;
-        let mut after = None;
+        let Some(oldest) = oldest_expired(client, self.ttl, None).await? else {
+            return Ok(0);
+        };
+        let mut after = just_before(oldest);
+        let mut width = FIRST_WIDTH;
         loop {
             let started = Instant::now();
-            let end = slice_end(client, self.ttl, after, BATCH).await?;
-            deleted += delete_slice(client, self.ttl, self.settling, after, end).await?;
-            let Some(end) = end else {
-                return Ok(deleted);
-            };
-            after = Some(end);
+            let end = after + width;
+            let rows = delete_slice(client, self.ttl, self.settling, after, end).await?;
+            deleted += rows;
+            after = end;
+            if rows == 0 {
+                // A gap in `created_at`: go on from the next expired row.
+                match oldest_expired(client, self.ttl, Some(after)).await? {
+                    Some(next) => after = just_before(next),
+                    None => return Ok(deleted),
+                }
+            }
+            width = next_width(width, rows, target);
             // Rest as long as the slice took, so that a backlog never takes
             // more than half of the database's time from the traffic.
             tokio::time::sleep(started.elapsed()).await;
@@ -92,32 +106,76 @@ impl Cleanup {
     }
 }
 
-/// Where the next slice of expired keys after `after` ends: the
-/// `created_at` of its `batch`-th oldest row, found in the `created_at`
-/// index; `None` when fewer are left (the last slice takes them all).
-async fn slice_end(
+/// A moment before `at`, so that a slice that starts there takes the rows
+/// made at `at` (the database keeps microseconds).
+fn just_before(at: SystemTime) -> SystemTime {
+    at.checked_sub(Duration::from_micros(1)).unwrap_or(at)
+}
+
+/// The first slice's width of `created_at`; the next ones are sized by how
+/// many rows each one held.
+const FIRST_WIDTH: Duration = Duration::from_secs(1);
+
+/// The width of the next slice, for about `target` rows where the last one,
+/// `width` wide, held `rows`. At most eight times as wide: a slice that held
+/// a few rows says little about the next, where keys may be made faster;
+/// from a dozen rows on, a backlog reaches full slices in a few steps.
+/// Where keys were made at a steady rate a slice holds about `target`; a
+/// burst of keys denser than the slice before it all goes in one statement.
+fn next_width(width: Duration, rows: u64, target: i64) -> Duration {
+    let scale = if rows == 0 {
+        8.0
+    } else {
+        (target as f64 / rows as f64).min(8.0)
+    };
+    width.mul_f64(scale).max(Duration::from_micros(1))
+}
+
+/// How many pieces (Citus shards) the key table is split into: a slice's
+/// statement pays a task and a commit for each, so it takes `BATCH` rows
+/// for every four of them; 1 on a table that is not split.
+async fn shards(client: &impl GenericClient) -> Result<i64, Error> {
+    let citus: bool = client
+        .query_one("SELECT to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL", &[])
+        .await?
+        .try_get(0)?;
+    if !citus {
+        return Ok(1);
+    }
+    let count: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_dist_shard
+             WHERE logicalrelid = 'idempotency_keys'::regclass",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    Ok(count.max(1))
+}
+
+/// The `created_at` of the oldest expired key after `after`, if any: one
+/// row from the top of the `created_at` index (of each shard, on Citus,
+/// which then takes the least).
+async fn oldest_expired(
     client: &impl GenericClient,
     ttl: Duration,
     after: Option<SystemTime>,
-    batch: i64,
 ) -> Result<Option<SystemTime>, Error> {
     let statement = client
         .prepare_cached(
-            "SELECT created_at FROM idempotency_keys
+            "SELECT min(created_at) FROM idempotency_keys
              WHERE created_at > COALESCE($2, '-infinity'::timestamptz)
-               AND created_at < now() - make_interval(secs => $1)
-             ORDER BY created_at
-             OFFSET $3::bigint - 1 LIMIT 1",
+               AND created_at < now() - make_interval(secs => $1)",
         )
         .await?;
     let row = client
-        .query_opt(&statement, &[&ttl.as_secs_f64(), &after, &batch])
+        .query_one(&statement, &[&ttl.as_secs_f64(), &after])
         .await?;
-    Ok(row.map(|row| row.try_get(0)).transpose()?)
+    Ok(row.try_get(0)?)
 }
 
 /// Deletes the expired keys of one slice of `created_at`, `(after, end]`,
-/// except those whose linked effect is `settling`.
+/// except those whose linked effect is `settling`; returns how many went.
 ///
 /// One range of the `created_at` index, no per-row lookup: each row is
 /// deleted where the index scan finds it. It names no physical address
@@ -127,21 +185,19 @@ async fn slice_end(
 /// caller's tables on `k.user_id`, which keeps it on the shard. A row that a
 /// request restarts meanwhile (an expired-key takeover sets `created_at` to
 /// now) survives because the expiry is part of the statement's condition,
-/// which PostgreSQL rechecks on the row's latest version. Rows that share
-/// the slice's last `created_at` all go in this slice.
+/// which PostgreSQL rechecks on the row's latest version.
 async fn delete_slice(
     client: &impl GenericClient,
     ttl: Duration,
     settling: Settling,
-    after: Option<SystemTime>,
-    end: Option<SystemTime>,
+    after: SystemTime,
+    end: SystemTime,
 ) -> Result<u64, Error> {
     let guard = settling.of_key();
     let statement = client
         .prepare_cached(&format!(
             "DELETE FROM idempotency_keys AS k
-             WHERE k.created_at > COALESCE($2, '-infinity'::timestamptz)
-               AND k.created_at <= COALESCE($3, 'infinity'::timestamptz)
+             WHERE k.created_at > $2 AND k.created_at <= $3
                AND k.created_at < now() - make_interval(secs => $1)
                AND NOT {guard}"
         ))
@@ -149,15 +205,4 @@ async fn delete_slice(
     Ok(client
         .execute(&statement, &[&ttl.as_secs_f64(), &after, &end])
         .await?)
-}
-
-/// Deletes up to about `batch` rows older than the TTL, oldest first (a
-/// slice of `created_at`, see `delete_slice`); returns how many went.
-pub async fn delete_expired(
-    client: &impl GenericClient,
-    ttl: Duration,
-    batch: i64,
-) -> Result<u64, Error> {
-    let end = slice_end(client, ttl, None, batch).await?;
-    delete_slice(client, ttl, Settling::NEVER, None, end).await
 }
