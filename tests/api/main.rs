@@ -26,6 +26,7 @@ mod payrail_events;
 mod pool;
 mod provider;
 mod redis_gate;
+mod routing;
 mod seats;
 mod security;
 mod storm;
