@@ -136,7 +136,10 @@ fn next_width(width: Duration, rows: u64, target: i64) -> Duration {
 /// for every four of them; 1 on a table that is not split.
 async fn shards(client: &impl GenericClient) -> Result<i64, Error> {
     let citus: bool = client
-        .query_one("SELECT to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL", &[])
+        .query_one(
+            "SELECT to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL",
+            &[],
+        )
         .await?
         .try_get(0)?;
     if !citus {
