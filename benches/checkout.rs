@@ -143,17 +143,11 @@ impl Bench {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let citus = args.iter().any(|a| a == "--citus");
-    let mut profile = if args.iter().any(|a| a == "--quick") {
+    let profile = if args.iter().any(|a| a == "--quick") {
         Profile::quick()
     } else {
         Profile::full()
     };
-    if citus {
-        // The cluster deletes expired keys a hundred times slower than one
-        // PostgreSQL (docs/PERFORMANCE.md, "Past one PostgreSQL"): a quarter
-        // of the rows measures the same rate in a quarter of CI's time.
-        profile.cleanup_rows /= 4;
-    }
     let mut selected: Vec<String> = args
         .iter()
         .filter(|a| !a.starts_with("--"))
