@@ -2,7 +2,9 @@
 //! routed statements reach, read from what the coordinator sends them
 //! (`citus.log_remote_commands`, one notice per command, naming the node).
 //! The claim (the engine's `idempotency_claim`), the key's read without a
-//! claim, and `GET /orders/{id}`'s load must each be one command, on the
+//! claim, the answer stored for a settled order (an event's or
+//! reconciliation's) and `GET /orders/{id}`'s load must each be one
+//! command, on the
 //! worker that holds the buyer's shard, with no transaction around it (no
 //! `BEGIN`, no `PREPARE TRANSACTION`) and no step joined on the
 //! coordinator. On one PostgreSQL there is no other node to reach: each
@@ -12,7 +14,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
-use idempotency::{store, IdempotencyKey, Policy, RequestHash};
+use idempotency::{store, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use stagedoor_checkout::checkout::orders;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -172,9 +175,39 @@ async fn an_orders_load_runs_on_the_buyers_worker() {
     let app = spawn_app().await;
     let mut db = Watched::open(&app).await;
     let worker = db.worker_of("alice").await;
-    let order = stagedoor_checkout::checkout::orders::load(&db.client, "alice", Uuid::new_v4())
+    let order = orders::load(&db.client, "alice", Uuid::new_v4())
         .await
         .expect("load");
     assert!(order.is_none());
     assert_routed("GET /orders/{id}", &db.sent(), &worker, "orders");
+}
+
+#[tokio::test]
+async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
+    if on_one_postgresql() {
+        return;
+    }
+    let app = spawn_app().await;
+    let mut db = Watched::open(&app).await;
+    let worker = db.worker_of("alice").await;
+    let answer = StoredResponse::new(201, "application/json", b"{}".to_vec());
+    // The settling guard reads `orders` beside the key row: named through
+    // `k.user_id`, Citus sent this statement to all 32 shards.
+    let stored = idempotency::store_for_effect(
+        &db.client,
+        orders::SETTLING,
+        "alice",
+        &new_key(),
+        &Uuid::new_v4().to_string(),
+        &answer,
+    )
+    .await
+    .expect("store");
+    assert!(!stored, "no such key");
+    assert_routed(
+        "the answer of a settled order",
+        &db.sent(),
+        &worker,
+        "idempotency_keys",
+    );
 }

@@ -119,8 +119,11 @@ pub async fn inspect(
 /// When the effect a key links is still settling, in the caller's words: a
 /// boolean SQL expression over `k.effect` (the linked effect's id, as text)
 /// that [`purge`] evaluates in its own statements, so that the answer is
-/// the database's at the moment of the delete. It takes no parameters. For
-/// example, for effects that are orders waiting for a payment:
+/// the database's at the moment of the delete. It takes no parameters, and
+/// names the key's scope as `k.user_id`: a statement on one key puts its
+/// own scope parameter there, so that a distributed database sends it to
+/// that key's shard alone. For example, for effects that are orders
+/// waiting for a payment:
 ///
 /// ```
 /// const ORDER_SETTLING: idempotency::Settling = idempotency::Settling::when(
@@ -144,7 +147,19 @@ impl Settling {
 
     /// True (never NULL) when the key links an effect that is settling.
     pub(crate) fn of_key(self) -> String {
-        format!("COALESCE(k.effect IS NOT NULL AND ({}), true)", self.0)
+        self.of_key_in("k.user_id")
+    }
+
+    /// [`Settling::of_key`] with the key's scope named by `scope`: a
+    /// statement on one key puts its scope's parameter there. Citus sends a
+    /// subquery to the shards of the values it names, and does not follow
+    /// `k.user_id` to the value the statement gave `k`: with the scope
+    /// named through `k`, an `UPDATE` of one key is sent to every shard.
+    pub(crate) fn of_key_in(self, scope: &str) -> String {
+        format!(
+            "COALESCE(k.effect IS NOT NULL AND ({}), true)",
+            self.0.replace("k.user_id", scope)
+        )
     }
 }
 
@@ -191,7 +206,7 @@ pub async fn purge(
     let tx = client.transaction().await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&user_id, &key.as_str(), &ttl_secs(policy)];
-    let guard = settling.of_key();
+    let guard = settling.of_key_in("$1");
     let locked = format!(
         "SELECT {REPORT} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2
