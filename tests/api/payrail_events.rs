@@ -223,7 +223,7 @@ async fn an_event_ahead_of_payrails_answer_leaves_the_click_its_first_answer() {
 #[tokio::test]
 async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
     let app = spawn_app_with(|s| s.payrail.max_attempts = 1).await;
-    let seats = app.seed("ev", 2, 1_000).await;
+    let seats = app.seed("ev", 3, 1_000).await;
     // A: paid by the service's own answer; its event comes late.
     let hold_a = app.hold("alice", seats[0]).await;
     let paid = app
@@ -234,12 +234,29 @@ async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
     let charge_a = app.charges().await.remove(0);
     // B: pending, its answer lost.
     let (key_b, hold_b, charge_b) = lost_answer_click(&app, seats[1]).await;
+    // C: declined by the service's own answer; its holds name it no more.
+    let hold_c = app.hold("alice", seats[2]).await;
+    let declined = app
+        .post_order("alice", &new_key(), &[hold_c], "pm_card_declined")
+        .await;
+    assert_eq!(declined.status(), 402);
+    let order_c = app
+        .db
+        .client()
+        .await
+        .query_one(
+            "SELECT order_id::text FROM orders WHERE status = 'declined'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, String>(0);
 
     // Out of order: A's late event before B's, then a decline of A
     // (which A's own answer contradicts), an order of nobody's, a type
     // not acted on.
     let event_b = event_body("evt_b_ok", "charge.succeeded", &charge_b);
-    let cases: [(&str, Vec<u8>, &str); 5] = [
+    let cases: [(&str, Vec<u8>, &str); 6] = [
         (
             "A's event, late: A is paid already",
             event_body("evt_a_ok", "charge.succeeded", &charge_a),
@@ -250,6 +267,16 @@ async fn late_reordered_unknown_and_contradicting_events_change_nothing() {
             "a decline of A, which was paid",
             event_body("evt_a_declined", "charge.declined", &charge_a),
             "contradicting",
+        ),
+        (
+            "C's decline, late: C is declined already, found by its order alone",
+            event_body(
+                "evt_c_declined",
+                "charge.declined",
+                &json!({"id": "ch_c", "amount_cents": 1_000, "reference": order_c,
+                        "idempotency_key": format!("order-{order_c}")}),
+            ),
+            "already_settled",
         ),
         (
             "an order that does not exist",
