@@ -4,10 +4,9 @@
 //! The claim (the engine's `idempotency_claim`), the key's read without a
 //! claim, the answer stored for a settled order (an event's or
 //! reconciliation's) and `GET /orders/{id}`'s load must each be one
-//! command, on the
-//! worker that holds the buyer's shard, with no transaction around it (no
-//! `BEGIN`, no `PREPARE TRANSACTION`) and no step joined on the
-//! coordinator. On one PostgreSQL there is no other node to reach: each
+//! command, on the worker that holds the buyer's shard, with no transaction
+//! around it (no `BEGIN`, no `PREPARE TRANSACTION`) and no step joined on
+//! the coordinator. On one PostgreSQL there is no other node to reach: each
 //! test says so and checks nothing.
 
 use std::time::Duration;
@@ -122,12 +121,17 @@ fn assert_routed(what: &str, sent: &[(String, String)], worker: &str, names: &st
     }
 }
 
-fn on_one_postgresql() -> bool {
-    if test_support::citus::enabled() {
-        return false;
+/// On the cluster: an app, a watched connection to its database, and the
+/// worker that holds alice's shard. On one PostgreSQL: `None`, said so.
+async fn watching_alice() -> Option<(TestApp, Watched, String)> {
+    if !test_support::citus::enabled() {
+        eprintln!("one PostgreSQL: no worker to route to (STAGEDOOR_TEST_CITUS=1 runs this)");
+        return None;
     }
-    eprintln!("one PostgreSQL: no worker to route to (STAGEDOOR_TEST_CITUS=1 runs this)");
-    true
+    let app = spawn_app().await;
+    let mut db = Watched::open(&app).await;
+    let worker = db.worker_of("alice").await;
+    Some((app, db, worker))
 }
 
 const POLICY: Policy = Policy {
@@ -137,12 +141,9 @@ const POLICY: Policy = Policy {
 
 #[tokio::test]
 async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
-    if on_one_postgresql() {
+    let Some((_app, mut db, worker)) = watching_alice().await else {
         return;
-    }
-    let app = spawn_app().await;
-    let mut db = Watched::open(&app).await;
-    let worker = db.worker_of("alice").await;
+    };
     let key = IdempotencyKey::parse(new_key().as_bytes()).expect("a key");
     let hash = RequestHash::of("POST", "/orders", b"{}");
 
@@ -169,12 +170,9 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
 
 #[tokio::test]
 async fn an_orders_load_runs_on_the_buyers_worker() {
-    if on_one_postgresql() {
+    let Some((_app, mut db, worker)) = watching_alice().await else {
         return;
-    }
-    let app = spawn_app().await;
-    let mut db = Watched::open(&app).await;
-    let worker = db.worker_of("alice").await;
+    };
     let order = orders::load(&db.client, "alice", Uuid::new_v4())
         .await
         .expect("load");
@@ -184,12 +182,9 @@ async fn an_orders_load_runs_on_the_buyers_worker() {
 
 #[tokio::test]
 async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
-    if on_one_postgresql() {
+    let Some((_app, mut db, worker)) = watching_alice().await else {
         return;
-    }
-    let app = spawn_app().await;
-    let mut db = Watched::open(&app).await;
-    let worker = db.worker_of("alice").await;
+    };
     let answer = StoredResponse::new(201, "application/json", b"{}".to_vec());
     // The settling guard reads `orders` beside the key row: named through
     // `k.user_id`, Citus sent this statement to all 32 shards.
