@@ -9,6 +9,15 @@
 //! come first ($1 `user_id`, $2 `key`, $3 the claim token, then the link or
 //! the answer); the endpoint's start at [`Linking::FIRST_PARAM`] or
 //! [`Storing::FIRST_PARAM`]. Build each statement once (a `LazyLock`).
+//!
+//! An effect whose tables live on different nodes (Citus: the key's
+//! co-located rows on a worker, a table every scope shares on the
+//! coordinator) is written as a PL/pgSQL function instead
+//! ([`Linking::function`], [`Storing::function`]): one CTE over both would
+//! be planned as subplans whose results go to every node of the step, while
+//! each statement of a function goes whole to the node of its rows. The
+//! function makes the same writes in the same order through the engine's
+//! own functions (migration V4), and it is one call on one PostgreSQL too.
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
@@ -46,6 +55,17 @@ impl Linking {
              SELECT EXISTS (SELECT 1 FROM claim) AS held, {select}"
         ))
     }
+
+    /// A linking step written as the PL/pgSQL function `name`, which takes
+    /// the engine's four parameters ($1 `user_id`, $2 `key`, $3 the claim
+    /// token, $4 the link) and then `params` of its own, and returns
+    /// `held` first. Before any write it calls
+    /// `idempotency_lock_claim($1, $2, $3)` and writes nothing when that is
+    /// false; after its writes, and only if it made the effect, it calls
+    /// `idempotency_link($1, $2, $3, $4)`.
+    pub fn function(name: &str, params: usize) -> Self {
+        Self(call(name, Self::FIRST_PARAM - 1 + params))
+    }
 }
 
 /// Records an outcome and stores the intent's answer, the answer only while
@@ -75,6 +95,23 @@ impl Storing {
              SELECT EXISTS (SELECT 1 FROM stored) AS held, {select}"
         ))
     }
+
+    /// A storing step written as the PL/pgSQL function `name`, which takes
+    /// the engine's seven parameters ($1 `user_id`, $2 `key`, $3 the claim
+    /// token, $4-$7 the answer's status, content type, location and body)
+    /// and then `params` of its own, and returns `held` first. It records
+    /// the outcome whoever holds the claim, then, only if it made the
+    /// outcome, calls `idempotency_store($1, ..., $7)` last and returns what
+    /// that returned as `held` (false otherwise).
+    pub fn function(name: &str, params: usize) -> Self {
+        Self(call(name, Self::FIRST_PARAM - 1 + params))
+    }
+}
+
+/// `SELECT * FROM name($1, ..., $params)`.
+fn call(name: &str, params: usize) -> String {
+    let args: Vec<String> = (1..=params).map(|n| format!("${n}")).collect();
+    format!("SELECT * FROM {name}({})", args.join(", "))
 }
 
 impl Claim {

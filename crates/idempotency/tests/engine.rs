@@ -26,7 +26,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 3);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 4);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(
@@ -347,8 +347,6 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
 #[tokio::test]
 async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fenced() {
     let toy = &toy().await;
-    let engine = toy.engine(Duration::from_secs(1), DAY);
-    let (k, h) = (key("one-statement"), hash("{}"));
     let bump = Linking::new(
         "made AS (
              INSERT INTO bumps (note) SELECT $5 WHERE EXISTS (SELECT 1 FROM claim)
@@ -357,6 +355,62 @@ async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fence
         "EXISTS (SELECT 1 FROM made)",
         "(SELECT bump_id FROM made)",
     );
+    let settle = Storing::new(
+        "noted AS (UPDATE bumps SET note = $8 RETURNING 1)",
+        "EXISTS (SELECT 1 FROM noted)",
+        "(SELECT count(*) FROM noted)",
+    );
+    one_call_units(toy, &bump, &settle).await;
+}
+
+#[tokio::test]
+async fn an_effect_written_as_a_function_gets_the_same_fences() {
+    let toy = &toy().await;
+    toy.pool
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE FUNCTION bump(p_user_id text, p_key text, p_claim_token bigint,
+                                  p_effect text, p_note text)
+             RETURNS TABLE (held boolean, bump_id bigint) LANGUAGE plpgsql AS $$
+             BEGIN
+                 held := idempotency_lock_claim(p_user_id, p_key, p_claim_token);
+                 IF held THEN
+                     INSERT INTO bumps (note) VALUES (p_note) RETURNING bumps.bump_id INTO bump_id;
+                     PERFORM idempotency_link(p_user_id, p_key, p_claim_token, p_effect);
+                 END IF;
+                 RETURN NEXT;
+             END $$;
+             CREATE FUNCTION note(p_user_id text, p_key text, p_claim_token bigint,
+                                  p_status smallint, p_content_type text, p_location text,
+                                  p_body bytea, p_note text)
+             RETURNS TABLE (held boolean, noted bigint) LANGUAGE plpgsql AS $$
+             BEGIN
+                 UPDATE bumps SET note = p_note;
+                 GET DIAGNOSTICS noted = ROW_COUNT;
+                 held := false;
+                 IF noted > 0 THEN
+                     held := idempotency_store(p_user_id, p_key, p_claim_token,
+                                               p_status, p_content_type, p_location, p_body);
+                 END IF;
+                 RETURN NEXT;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    one_call_units(
+        toy,
+        &Linking::function("bump", 1),
+        &Storing::function("note", 1),
+    )
+    .await;
+}
+
+/// A [`Linking`] step raced by a takeover, then a [`Storing`] one.
+async fn one_call_units(toy: &Toy, bump: &Linking, settle: &Storing) {
+    let engine = toy.engine(Duration::from_secs(1), DAY);
+    let (k, h) = (key("one-statement"), hash("{}"));
     let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
         panic!("first claim");
     };
@@ -366,28 +420,38 @@ async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fence
     };
     let client = toy.pool.get().await.unwrap();
     let (fence, _) = paused
-        .link_with(&client, &bump, "bump-of-the-paused", &[&"paused"])
+        .link_with(&client, bump, "bump-of-the-paused", &[&"paused"])
         .await
         .unwrap();
     assert_eq!(fence, Fence::Lost);
     assert_eq!(toy.bumps().await, 0, "a lost claim makes nothing");
     let (fence, row) = taker
-        .link_with(&client, &bump, "bump-1", &[&"taker"])
+        .link_with(&client, bump, "bump-1", &[&"taker"])
         .await
         .unwrap();
     assert_eq!(fence, Fence::Held);
     assert!(row.get::<_, Option<i64>>(1).is_some());
     assert_eq!(toy.bumps().await, 1);
+    let effect: Option<String> = client
+        .query_one(
+            "SELECT effect FROM idempotency_keys WHERE user_id = 'alice' AND key = $1",
+            &[&k.as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(effect.as_deref(), Some("bump-1"));
 
-    // The outcome and the answer, in one statement too.
-    let settle = Storing::new(
-        "noted AS (UPDATE bumps SET note = $8 RETURNING 1)",
-        "EXISTS (SELECT 1 FROM noted)",
-        "(SELECT count(*) FROM noted)",
-    );
+    // The outcome and the answer, in one call too: the outcome is written
+    // whoever holds the key, the answer only by the claim that holds it.
     let answer = StoredResponse::new(200, "text/plain", b"noted".to_vec());
+    let (fence, _) = paused
+        .store_with(&client, settle, &answer, &[&"noted by the paused"])
+        .await
+        .unwrap();
+    assert_eq!(fence, Fence::Lost);
     let (fence, _) = taker
-        .store_with(&client, &settle, &answer, &[&"settled"])
+        .store_with(&client, settle, &answer, &[&"settled"])
         .await
         .unwrap();
     assert_eq!(fence, Fence::Held);
