@@ -6,15 +6,21 @@
 //! reconciliation's) and `GET /orders/{id}`'s load must each be one
 //! command, on the worker that holds the buyer's shard, with no transaction
 //! around it (no `BEGIN`, no `PREPARE TRANSACTION`) and no step joined on
-//! the coordinator. On one PostgreSQL there is no other node to reach: each
-//! test says so and checks nothing.
+//! the coordinator. The steps that also write the coordinator's seat side
+//! (the keyed hold, the order, its settlement) may commit in two phases,
+//! but with the buyer's worker alone: no command to any other worker and
+//! no intermediate result. On one PostgreSQL there is no other node to
+//! reach: each test says so and checks nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
 use idempotency::{store, IdempotencyKey, Policy, RequestHash, StoredResponse};
-use stagedoor_checkout::checkout::orders;
+use stagedoor_checkout::checkout::holds::{self, Hold};
+use stagedoor_checkout::checkout::orders::{self, NewOrder, Orders, Settlement};
+use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -22,10 +28,12 @@ use uuid::Uuid;
 
 use crate::helpers::{new_key, spawn_app, TestApp};
 
-/// A connection to the app's database that records every command the
-/// coordinator sends to a worker, as `(node "host:port", command)`.
+/// Connections to the app's database that record every command the
+/// coordinator sends to a worker, as `(node "host:port", command)`: `client`
+/// for the tests' own statements, `pool` for the checkout's code.
 struct Watched {
     client: deadpool_postgres::Object,
+    pool: Pool,
     commands: mpsc::UnboundedReceiver<(String, String)>,
 }
 
@@ -72,15 +80,16 @@ impl Connect for Listening {
 impl Watched {
     async fn open(app: &TestApp) -> Self {
         let (sender, commands) = mpsc::unbounded_channel();
-        let config: tokio_postgres::Config = app.db.url.parse().expect("the database URL");
+        let mut config: tokio_postgres::Config = app.db.url.parse().expect("the database URL");
+        config.options("-c citus.log_remote_commands=on");
         let manager = Manager::from_connect(config, Listening { sender }, ManagerConfig::default());
-        let pool = Pool::builder(manager).max_size(1).build().expect("a pool");
+        let pool = Pool::builder(manager).max_size(2).build().expect("a pool");
         let client = pool.get().await.expect("connect to the coordinator");
-        client
-            .batch_execute("SET citus.log_remote_commands = on")
-            .await
-            .expect("citus.log_remote_commands");
-        Self { client, commands }
+        Self {
+            client,
+            pool,
+            commands,
+        }
     }
 
     /// The commands sent since the last call.
@@ -119,6 +128,36 @@ fn assert_routed(what: &str, sent: &[(String, String)], worker: &str, names: &st
     for step in ["BEGIN", "PREPARE TRANSACTION", "read_intermediate_result"] {
         assert!(!command.contains(step), "{what}: {step} in {command}");
     }
+}
+
+/// Every command on `worker`, none of them an intermediate result, and
+/// `commits` two-phase commits: a step that writes the coordinator's seat
+/// side and the buyer's rows, committed on those two nodes alone.
+fn assert_on_one_worker(
+    what: &str,
+    sent: &[(String, String)],
+    worker: &str,
+    names: &[&str],
+    commits: usize,
+) {
+    for (node, command) in sent {
+        assert_eq!(node, worker, "{what}: only the buyer's worker: {command}");
+        assert!(
+            !command.contains("read_intermediate_result"),
+            "{what}: a subplan's result in {command}"
+        );
+    }
+    for name in names {
+        assert!(
+            sent.iter().any(|(_, command)| command.contains(name)),
+            "{what}: no {name} in {sent:#?}"
+        );
+    }
+    let prepared = sent
+        .iter()
+        .filter(|(_, command)| command.starts_with("PREPARE TRANSACTION"))
+        .count();
+    assert_eq!(prepared, commits, "{what}: two-phase commits in {sent:#?}");
 }
 
 /// On the cluster: an app, a watched connection to its database, and the
@@ -205,4 +244,99 @@ async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
         &worker,
         "idempotency_keys",
     );
+}
+
+#[tokio::test]
+async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
+    let Some((app, mut db, worker)) = watching_alice().await else {
+        return;
+    };
+    let seats = app.seed("routed", 2, 4_500).await;
+    // A keyed hold: the hold on the coordinator, its answer on the key.
+    let keyed = claim(&db.client).await;
+    db.sent();
+    fn hold_answer(hold: &Hold) -> StoredResponse {
+        StoredResponse::new(
+            201,
+            "application/json",
+            hold.hold_id.to_string().into_bytes(),
+        )
+    }
+    let done = holds::place_claimed(&db.pool, &keyed, seats[0], POLICY.lease, hold_answer)
+        .await
+        .expect("the keyed hold");
+    assert!(matches!(done, idempotency::Done::Stored(_)), "{done:?}");
+    assert_on_one_worker(
+        "the keyed hold",
+        &db.sent(),
+        &worker,
+        &["idempotency_keys"],
+        1,
+    );
+
+    // The order and its settlement, with Payrail's charge between them.
+    let hold_id = app.hold("alice", seats[1]).await;
+    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
+        .expect("a Payrail client");
+    let orders = Orders::new(
+        db.pool.clone(),
+        Arc::new(payrail),
+        stagedoor_checkout::http::order_answer,
+    );
+    let paying = claim(&db.client).await;
+    db.sent();
+    let order = NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order");
+    let done = orders.place(&paying, &order).await.expect("the order");
+    let idempotency::Done::Stored(answer) = done else {
+        panic!("a paid order is stored: {done:?}");
+    };
+    assert_eq!(answer.status, 201);
+    assert_on_one_worker(
+        "the order and its settlement",
+        &db.sent(),
+        &worker,
+        &[
+            "INSERT INTO public.orders_",
+            "UPDATE public.orders_",
+            "idempotency_keys",
+        ],
+        2,
+    );
+    assert_eq!(app.charges().await.len(), 1);
+
+    // Payrail's event for the same order, after the click settled it.
+    let order_id: Uuid = answer
+        .location
+        .as_deref()
+        .and_then(|l| l.strip_prefix("/orders/"))
+        .and_then(|id| id.parse().ok())
+        .expect("the order's location");
+    let outcome = ChargeOutcome::Succeeded {
+        charge_id: "ch_routed".to_owned(),
+    };
+    let settled = orders
+        .settle_unclaimed("alice", order_id, &outcome)
+        .await
+        .expect("the event's settlement");
+    assert!(matches!(settled, Settlement::Already(_)), "{settled:?}");
+    assert_on_one_worker(
+        "a settlement outside the claim",
+        &db.sent(),
+        &worker,
+        &["UPDATE public.orders_", "idempotency_keys"],
+        0,
+    );
+}
+
+/// A claim of a new key of alice's.
+async fn claim(client: &deadpool_postgres::Object) -> idempotency::Claim {
+    let key = IdempotencyKey::parse(new_key().as_bytes()).expect("a key");
+    let hash = RequestHash::of("POST", "/x", b"{}");
+    match store::begin(client, POLICY, "alice", &key, &hash)
+        .await
+        .expect("claim")
+    {
+        store::Begin::Claimed(claim) => claim,
+        other => panic!("a new key is claimed, not {other:?}"),
+    }
 }

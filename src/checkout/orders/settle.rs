@@ -1,6 +1,6 @@
 //! Payrail's decision, recorded: the order moves to `paid` or `declined`
 //! (a paid order's holds are sold, a declined order gives them back) and its answer is stored on the
-//! key that made it, in one statement for the claim's own request, in one
+//! key that made it, in one call for the claim's own request, in one
 //! transaction for everyone else (reconciliation, Payrail's events, the
 //! give-up's `failed`). The order row is locked first and the key
 //! row last, as every writer of both does, so none of them deadlock.
@@ -19,7 +19,7 @@ use super::{load, Order, OrderStatus, Orders, COLUMNS};
 use crate::checkout::CheckoutError;
 use crate::payrail::ChargeOutcome;
 
-/// The usual end of a click, in one statement (one round trip, one commit):
+/// The usual end of a click, in one call (one round trip, one commit):
 /// the settlement, and the answer, made from the order in hand, stored on
 /// the claimed key while the claim holds. The order row is locked first and
 /// the key row last. A claim lost meanwhile stores nothing but leaves the
@@ -35,24 +35,10 @@ pub(super) async fn claimed(
     outcome: &ChargeOutcome,
     claim: &Claim,
 ) -> Result<Done, CheckoutError> {
-    // $8 order_id, $9 status, $10 charge_id ($1-$7 are the engine's).
-    static SETTLE: LazyLock<Storing> = LazyLock::new(|| {
-        Storing::new(
-            "settled AS (
-                 UPDATE orders SET status = $9, charge_id = $10, updated_at = now()
-                 WHERE user_id = $1 AND order_id = $8 AND status = 'payment_pending'
-                   AND cancel_requested_at IS NULL
-                 RETURNING 1
-             ), holds_settled AS (
-                 UPDATE holds
-                 SET order_id = CASE WHEN $9 = 'paid' THEN order_id END,
-                     sold = $9 = 'paid'
-                 WHERE order_id = $8 AND EXISTS (SELECT 1 FROM settled)
-             )",
-            "EXISTS (SELECT 1 FROM settled)",
-            "EXISTS (SELECT 1 FROM settled) AS settled",
-        )
-    });
+    // $8 order_id, $9 status, $10 charge_id ($1-$7 are the engine's):
+    // migrations/V7, a function for the same reason as the order's.
+    static SETTLE: LazyLock<Storing> =
+        LazyLock::new(|| Storing::function("checkout_settle_claimed", 3));
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
@@ -222,18 +208,7 @@ async fn settle(
 ) -> Result<Option<Order>, crate::db::DbError> {
     let statement = client
         .prepare_cached(&format!(
-            "WITH settled AS (
-                 UPDATE orders SET status = $3, charge_id = $4, updated_at = now()
-                 WHERE user_id = $1 AND order_id = $2 AND status = 'payment_pending'
-                   AND (cancel_requested_at IS NULL) = ($3 <> 'failed')
-                 RETURNING {COLUMNS}
-             ), holds_settled AS (
-                 UPDATE holds
-                 SET order_id = CASE WHEN $3 = 'paid' THEN order_id END,
-                     sold = $3 = 'paid'
-                 WHERE order_id = $2 AND EXISTS (SELECT 1 FROM settled)
-             )
-             SELECT {COLUMNS} FROM settled"
+            "SELECT {COLUMNS} FROM checkout_settle_order($1, $2, $3, $4)"
         ))
         .await?;
     client
