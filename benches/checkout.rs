@@ -196,7 +196,7 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     } else {
         postgres::Server::start().await
     };
-    let mut report = Report::default();
+    let mut report = Report::new(citus);
     if let Some(note) = fallback {
         report.note(note);
     }
