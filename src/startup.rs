@@ -14,7 +14,7 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::{AnswerCache, Engine, Gate, Policy};
+use idempotency::{AnswerCache, Engine, Gate, Layout, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::{KeySource, Provider, Verifier};
@@ -158,9 +158,13 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
             .await
             .context("connecting to Redis (redis.url)")?,
     };
+    let layout = Layout::of(&pool.get().await?)
+        .await
+        .context("reading the key table's layout")?;
     let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
+        layout,
     };
     let limit = settings.limits.limit();
     let mut engine = Engine::new(pool.clone(), policy)
@@ -187,7 +191,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     });
     Ok(AppState {
         engine,
-        orders: Orders::new(pool.clone(), payrail, http::order_answer),
+        orders: Orders::new(pool.clone(), payrail, http::order_answer, layout),
         limit,
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,

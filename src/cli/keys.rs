@@ -12,7 +12,7 @@ use base64::Engine as _;
 use clap::{Args, Subcommand};
 use deadpool_postgres::GenericClient;
 use idempotency::inspect::{self, KeyReport, Purge, Refusal, Stats};
-use idempotency::{IdempotencyKey, KeyError, Policy};
+use idempotency::{IdempotencyKey, KeyError, Layout, Policy};
 use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -83,6 +83,7 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
     let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
+        layout: Layout::of(&client).await?,
     };
     let status = match command {
         KeysCommand::Show { click, body } => {

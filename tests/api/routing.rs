@@ -10,14 +10,16 @@
 //! (the keyed hold, the order, its settlement) may commit in two phases,
 //! but with the buyer's worker alone: no command to any other worker and
 //! no intermediate result. On one PostgreSQL there is no other node to
-//! reach: each test says so and checks nothing.
+//! reach: each test says so and checks nothing, but for the layout the
+//! service reads (`idempotency::Layout`), which must be `Single` there and
+//! `Distributed` on the cluster: it picks the statements checked here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
-use idempotency::{store, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use idempotency::{store, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse};
 use stagedoor_checkout::checkout::holds::{self, Hold};
 use stagedoor_checkout::checkout::orders::{self, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
@@ -173,9 +175,25 @@ async fn watching_alice() -> Option<(TestApp, Watched, String)> {
     Some((app, db, worker))
 }
 
+#[tokio::test]
+async fn the_layout_is_read_from_the_key_table() {
+    let app = spawn_app().await;
+    let client = crate::helpers::pool(&app.db.url)
+        .get()
+        .await
+        .expect("a connection");
+    let expected = if test_support::citus::enabled() {
+        Layout::Distributed
+    } else {
+        Layout::Single
+    };
+    assert_eq!(Layout::of(&client).await.expect("the layout"), expected);
+}
+
 const POLICY: Policy = Policy {
     ttl: Duration::from_secs(86_400),
     lease: Duration::from_secs(30),
+    layout: Layout::Distributed,
 };
 
 #[tokio::test]
@@ -282,6 +300,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         db.pool.clone(),
         Arc::new(payrail),
         stagedoor_checkout::http::order_answer,
+        Layout::Distributed,
     );
     let paying = claim(&db.client).await;
     db.sent();

@@ -12,7 +12,7 @@ use crate::store::{self, Begin, Found};
 use crate::unit::{self, Committed, Fence};
 use crate::wait::{WaitOutcome, Waiters};
 use crate::{
-    AnswerCache, Error, Gate, IdempotencyKey, Limit, RequestHash, Settling, StoredResponse,
+    AnswerCache, Error, Gate, IdempotencyKey, Layout, Limit, RequestHash, Settling, StoredResponse,
 };
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
@@ -21,6 +21,8 @@ use crate::{
 pub struct Policy {
     pub ttl: Duration,
     pub lease: Duration,
+    /// The form of the claim ([`Layout::of`]).
+    pub layout: Layout,
 }
 
 /// The right to do the work of one intent, until the lease runs out.

@@ -58,7 +58,7 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-//! use idempotency::{actix, Done, Engine, Policy, StoredResponse};
+//! use idempotency::{actix, Done, Engine, Layout, Policy, StoredResponse};
 //! use std::time::Duration;
 //!
 //! async fn bump(
@@ -110,7 +110,8 @@
 //!     let config: tokio_postgres::Config = url.parse()?;
 //!     let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
 //!     let pool = deadpool_postgres::Pool::builder(manager).max_size(8).build()?;
-//!     let policy = Policy { ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30) };
+//!     let layout = Layout::of(&pool.get().await?).await?;
+//!     let policy = Policy { ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30), layout };
 //!     let engine = web::Data::new(Engine::new(pool.clone(), policy));
 //!     let pool = web::Data::new(pool);
 //!     HttpServer::new(move || {
@@ -136,6 +137,7 @@ mod fingerprint; // the request hash
 mod gate; // the optional Redis gate
 pub mod inspect; // key tooling: show, purge, stats
 mod key; // the Idempotency-Key value
+mod layout; // one PostgreSQL or a cluster: the statements' form
 mod limit; // new intents per scope
 mod migrate; // the key table's own migrations
 mod response; // what is stored and replayed
@@ -152,6 +154,7 @@ pub use fingerprint::RequestHash;
 pub use gate::Gate;
 pub use inspect::{KeyReport, KeyState, Purge, Refusal, Settling, Stats};
 pub use key::{IdempotencyKey, KeyError};
+pub use layout::Layout;
 pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};
 pub use response::StoredResponse;

@@ -17,7 +17,10 @@
 //! be planned as subplans whose results go to every node of the step, while
 //! each statement of a function goes whole to the node of its rows. The
 //! function makes the same writes in the same order through the engine's
-//! own functions (migration V4), and it is one call on one PostgreSQL too.
+//! own functions (migration V4). On one PostgreSQL it is one call too, but
+//! each of its statements is an executor run of its own, where the CTEs are
+//! one: a caller that runs on both keeps both forms and picks by
+//! [`Layout`](crate::Layout).
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;

@@ -15,7 +15,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::{
-    Claim, ClaimKind, Error, IdempotencyKey, Policy, RequestHash, Settling, StoredResponse,
+    Claim, ClaimKind, Error, IdempotencyKey, Layout, Policy, RequestHash, Settling, StoredResponse,
 };
 
 /// What the key row says about a request.
@@ -58,6 +58,44 @@ pub async fn begin(
     Ok(begun.0)
 }
 
+/// The insert, and the read of the row it lost to, in one statement. The
+/// outer SELECT sees the table as it was when the statement began: never
+/// the row this insert made, and not a row that a concurrent request
+/// committed a moment later (the insert waits for it and loses; the next
+/// pass reads it).
+///
+/// The insert commits without waiting for its WAL flush
+/// (`synchronous_commit` off for this transaction only): nothing outside
+/// the database acts on a claim until the work's own transaction commits,
+/// and that commit waits for a flush that covers this insert's record too.
+/// A crash in between loses a claim that left nothing behind, so the retry
+/// starts afresh, as after a release.
+const CLAIM: &str = "WITH inserted AS (
+         INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
+         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+         ON CONFLICT (user_id, key) DO NOTHING
+         RETURNING 1
+     )
+     SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+            EXISTS (SELECT 1 FROM inserted) AS won,
+            k.request_hash, k.claim_token, k.response_status,
+            k.response_content_type, k.response_location, k.response_body,
+            k.created_at <= now() - make_interval(secs => $6) AS expired,
+            COALESCE(k.lease_expires_at <= now(), false) AS lease_over,
+            extract(epoch FROM k.created_at + make_interval(secs => $6) - now())::float8
+                AS life_secs
+     FROM (VALUES (1)) AS one (x)
+     LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2";
+
+/// The same as one call (migrations/V3), for a distributed table: Citus
+/// runs it whole on the node that holds the row, where its relaxed commit
+/// applies; the statement above would be two subplans joined on the
+/// coordinator, with the relaxed commit the coordinator's.
+const CLAIM_CALL: &str = "SELECT won, request_hash, claim_token, response_status,
+            response_content_type, response_location, response_body,
+            expired, lease_over, life_secs
+     FROM idempotency_claim($1, $2, $3, $4, $5, $6)";
+
 /// [`begin`] with the claim's token chosen by the caller (the Redis gate's
 /// lock holds it too), keeping a key past its TTL whose effect is `settling`.
 /// Also says how long the key has to live, by the database's clock, at the
@@ -83,16 +121,11 @@ pub(crate) async fn claim(
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.
     for _ in 0..3 {
-        // The insert, and the read of the row it lost to, in one call
-        // (migrations/V3): on a distributed table it runs whole on the node
-        // that holds the row, and its relaxed commit is that node's.
         let insert = client
-            .prepare_cached(
-                "SELECT won, request_hash, claim_token, response_status,
-                        response_content_type, response_location, response_body,
-                        expired, lease_over, life_secs
-                 FROM idempotency_claim($1, $2, $3, $4, $5, $6)",
-            )
+            .prepare_cached(match policy.layout {
+                Layout::Single => CLAIM,
+                Layout::Distributed => CLAIM_CALL,
+            })
             .await?;
         let row = client
             .query_one(

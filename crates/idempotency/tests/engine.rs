@@ -8,8 +8,8 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
 use idempotency::{
-    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Linking,
-    Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
+    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Layout,
+    Linking, Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
 };
 use test_support::db::TestDatabase;
 use tokio::sync::Barrier;
@@ -40,7 +40,11 @@ async fn toy() -> Toy {
 
 impl Toy {
     fn engine(&self, lease: Duration, ttl: Duration) -> Engine {
-        Engine::new(self.pool.clone(), Policy { ttl, lease })
+        self.engine_in(Layout::default(), lease, ttl)
+    }
+
+    fn engine_in(&self, layout: Layout, lease: Duration, ttl: Duration) -> Engine {
+        Engine::new(self.pool.clone(), Policy { ttl, lease, layout })
     }
 
     async fn bumps(&self) -> i64 {
@@ -175,6 +179,74 @@ async fn concurrent_duplicates_run_the_work_once() {
     let outcomes = outcomes.lock().unwrap();
     assert_eq!(outcomes.len(), 32, "one outcome per request");
     assert_eq!(outcomes.iter().filter(|o| **o == Outcome::First).count(), 1);
+}
+
+/// The claim as the function a distributed table calls (`idempotency_claim`)
+/// decides every case as the one statement does: a new key, its replay, a
+/// reused key, a storm of duplicates, a lease run out, a TTL run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_claims_function_decides_as_its_statement_does() {
+    let toy = Arc::new(toy().await);
+    let engine = toy.engine_in(Layout::Distributed, Duration::from_secs(1), DAY);
+    let (k, h) = (key("click-1"), hash("{}"));
+    let bump = |claim: Claim| {
+        let toy = toy.clone();
+        async move { toy.bump(&claim).await }
+    };
+    let Reply::First(answer) = engine.run("alice", &k, &h, bump).await.unwrap() else {
+        panic!("a new key does the work");
+    };
+    let again = engine.run("alice", &k, &h, bump).await.unwrap();
+    assert!(
+        matches!(again, Reply::Replay(ref r) if *r == answer),
+        "{again:?}"
+    );
+    let reused = engine.run("alice", &k, &hash("{\"x\":1}"), bump).await;
+    assert!(matches!(reused.unwrap(), Reply::KeyReused));
+
+    let barrier = Arc::new(Barrier::new(16));
+    let storm: Vec<_> = (0..16)
+        .map(|_| {
+            let (engine, barrier) = (engine.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                engine
+                    .begin("alice", &key("storm"), &hash("{}"))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut claimed = Vec::new();
+    for task in storm {
+        if let Begin::Claimed(claim) = task.await.unwrap() {
+            claimed.push(claim);
+        }
+    }
+    assert_eq!(claimed.len(), 1, "one claim of 16 duplicates");
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let Begin::Claimed(taker) = engine
+        .begin("alice", &key("storm"), &hash("{}"))
+        .await
+        .unwrap()
+    else {
+        panic!("a takeover after the lease");
+    };
+    assert_eq!(taker.kind, ClaimKind::Abandoned);
+    assert!(matches!(toy.bump(&claimed[0]).await.unwrap(), Done::Fenced));
+
+    let short = toy.engine_in(
+        Layout::Distributed,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    );
+    let Begin::Claimed(expired) = short.begin("alice", &k, &hash("{\"y\":2}")).await.unwrap()
+    else {
+        panic!("a key past its TTL is a new intent");
+    };
+    assert_eq!(expired.kind, ClaimKind::Expired);
+    assert_eq!(toy.bumps().await, 1);
 }
 
 #[tokio::test]

@@ -9,8 +9,8 @@ use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
 use idempotency::inspect::{self, KeyState, Purge, Refusal, Settling};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
-    StoredResponse,
+    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Layout, Policy, Reply,
+    RequestHash, StoredResponse,
 };
 use test_support::db::TestDatabase;
 
@@ -41,7 +41,11 @@ async fn toy() -> Toy {
 }
 
 fn policy(ttl: Duration) -> Policy {
-    Policy { ttl, lease: LEASE }
+    Policy {
+        ttl,
+        lease: LEASE,
+        layout: Layout::default(),
+    }
 }
 
 fn key(text: &str) -> IdempotencyKey {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, Linking, Policy,
-    Reply, RequestHash, Settling, StoredResponse,
+    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Layout, Limit, Linking,
+    Policy, Reply, RequestHash, Settling, StoredResponse,
 };
 use test_support::db::TestDatabase;
 use tokio::sync::Notify;
@@ -74,7 +74,14 @@ async fn toy() -> Toy {
 
 impl Toy {
     fn engine(&self, lease: Duration, ttl: Duration) -> Engine {
-        Engine::new(self.pool.clone(), Policy { ttl, lease })
+        Engine::new(
+            self.pool.clone(),
+            Policy {
+                ttl,
+                lease,
+                layout: Layout::default(),
+            },
+        )
     }
 
     /// A plain answer that no effect stands behind.

@@ -1,11 +1,15 @@
 //! A claimed click on "pay": make the order (or resume the one an earlier
 //! holder of the key made), charge it, settle it. Two one-call units of
 //! the claim (`idempotency::Linking`, then `Storing`), and Payrail between
-//! them with no transaction and no connection held.
+//! them with no transaction and no connection held. Each unit is one
+//! statement on one PostgreSQL, and a call of a function of
+//! `migrations/V7` on Citus (`idempotency::Layout`): there the holds stay
+//! on the coordinator and the order and its key go to the buyer's worker,
+//! with the commit on those two nodes alone.
 
 use std::sync::LazyLock;
 
-use idempotency::{Claim, Done, Fence, Linking};
+use idempotency::{Claim, Done, Fence, Layout, Linking};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -62,17 +66,49 @@ impl Orders {
         request: &NewOrder,
     ) -> Result<Option<Order>, CheckoutError> {
         // $1 user_id and $2 key are the engine's (Linking); ours start at $5:
-        // $5 order_id, $6 hold_ids, $7 currency, $8 payment_method
-        // (migrations/V7: a function, so that on Citus the holds stay on
-        // the coordinator and the order and its key go to the buyer's worker).
-        static CREATE: LazyLock<Linking> =
+        // $5 order_id, $6 hold_ids, $7 currency, $8 payment_method.
+        static CREATE: LazyLock<Linking> = LazyLock::new(|| {
+            Linking::new(
+                "held AS (
+                     SELECT h.hold_id, s.label, s.price_cents
+                     FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+                     WHERE h.hold_id = ANY ($6) AND h.user_id = $1
+                       AND h.order_id IS NULL AND h.expires_at > now()
+                     ORDER BY h.hold_id
+                     FOR UPDATE OF h
+                 ), decision AS (
+                     SELECT EXISTS (SELECT 1 FROM claim)
+                            AND (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS go,
+                            (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS all_held
+                 ), claimed AS (
+                     UPDATE holds SET order_id = $5
+                     WHERE hold_id IN (SELECT hold_id FROM held) AND (SELECT go FROM decision)
+                 ), inserted AS (
+                     INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
+                                         payment_method, hold_ids, seats, idempotency_key)
+                     SELECT $5, $1, 'payment_pending', sum(price_cents)::bigint, $7, $8, $6,
+                            array_agg(label ORDER BY array_position($6, hold_id)), $2
+                     FROM held
+                     HAVING (SELECT go FROM decision)
+                     RETURNING created_at, amount_cents, seats
+                 )",
+                "(SELECT all_held FROM decision)",
+                "d.all_held, i.created_at, i.amount_cents, i.seats
+                 FROM decision d LEFT JOIN inserted i ON true",
+            )
+        });
+        static CREATE_CALL: LazyLock<Linking> =
             LazyLock::new(|| Linking::function("checkout_place_order", 4));
+        let create = match self.layout {
+            Layout::Single => &*CREATE,
+            Layout::Distributed => &*CREATE_CALL,
+        };
         let order_id = Uuid::new_v4();
         let client = self.pool.get().await?;
         let (fence, row) = claim
             .link_with(
                 &client,
-                &CREATE,
+                create,
                 &order_id.to_string(),
                 &[
                     &order_id,
