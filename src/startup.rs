@@ -191,7 +191,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     });
     Ok(AppState {
         engine,
-        orders: Orders::new(pool.clone(), payrail, http::order_answer, layout),
+        orders: Orders::new(pool.clone(), payrail, http::order_answer),
         limit,
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,

@@ -311,8 +311,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     });
 
     let settings = bench.settings(LockMode::Table);
-    let pool = stagedoor_checkout::db::pool(&settings.database).expect("a pool");
-    let layout = Layout::of(&pool.get().await.expect("a connection"))
+    let layout = Layout::of(&app.pool.get().await.expect("a connection"))
         .await
         .expect("the key table's layout");
     let http = fixtures::client(CONCURRENCY);

@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency::Layout;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::jobs::cleanup::Cleanup;
@@ -194,14 +193,7 @@ pub async fn per_click(bench: &mut Bench, app: &RunningApp) {
     let pool = app.pool.clone();
     let payrail = payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
         .expect("a Payrail client");
-    // Reconciliation settles outside any claim: the same statements on
-    // either layout.
-    let orders = Orders::new(
-        pool.clone(),
-        Arc::new(payrail),
-        http::order_answer,
-        Layout::default(),
-    );
+    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
     let reconcile = Reconcile::new(pool.clone(), orders, &settings.reconcile);
     step(
         bench,

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency::Layout;
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
@@ -236,12 +235,7 @@ async fn instances_reconciling_at_once_settle_each_pending_order_once() {
             let pool = db::pool(&settings.database).unwrap();
             let payrail =
                 payrail::Client::new(&settings.payrail, &settings.payrail.base_url).unwrap();
-            let orders = Orders::new(
-                pool.clone(),
-                Arc::new(payrail),
-                http::order_answer,
-                Layout::default(),
-            );
+            let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
             let reconcile = Reconcile::new(pool, orders, &settings.reconcile);
             barrier.wait().await;
             reconcile.run().await.unwrap()

@@ -300,7 +300,6 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         db.pool.clone(),
         Arc::new(payrail),
         stagedoor_checkout::http::order_answer,
-        Layout::Distributed,
     );
     let paying = claim(&db.client).await;
     db.sent();

@@ -103,7 +103,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
     let layout = Layout::of(&pool.get().await.unwrap()).await.unwrap();
-    let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer, layout);
+    let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer);
     let policy = Policy {
         ttl: Duration::from_secs(3600),
         lease: Duration::from_secs(1),

@@ -38,6 +38,10 @@ pub struct Claim {
     /// settling, when this claim is a takeover: resume it, never make another.
     pub effect: Option<String>,
     pub kind: ClaimKind,
+    /// The key table's layout, from the engine's [`Policy`]: which form of
+    /// a [`Linking`](crate::Linking) or [`Storing`](crate::Storing) step
+    /// the claim runs.
+    pub(crate) layout: Layout,
 }
 
 /// How a claim was won.

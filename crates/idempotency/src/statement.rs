@@ -19,15 +19,16 @@
 //! function makes the same writes in the same order through the engine's
 //! own functions (migration V4). On one PostgreSQL it is one call too, but
 //! each of its statements is an executor run of its own, where the CTEs are
-//! one: a caller that runs on both keeps both forms and picks by
-//! [`Layout`](crate::Layout).
+//! one: an effect that runs on both writes both forms
+//! ([`Linking::distributed_as`], [`Storing::distributed_as`]), and the
+//! claim runs the one of its [`Layout`].
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::unit::SET_ANSWER;
-use crate::{Claim, Error, Fence, StoredResponse};
+use crate::{Claim, Error, Fence, Layout, StoredResponse};
 
 /// Makes an effect and links it to the key, only while the claim holds.
 ///
@@ -36,14 +37,14 @@ use crate::{Claim, Error, Fence, StoredResponse};
 /// must be guarded by `EXISTS (SELECT 1 FROM claim)`, so that a request
 /// that lost its claim makes nothing. A takeover then finds the link and
 /// resumes the effect.
-pub struct Linking(String);
+pub struct Linking(Forms);
 
 impl Linking {
     /// The endpoint's first parameter.
     pub const FIRST_PARAM: usize = 5;
 
     pub fn new(effect: &str, made: &str, select: &str) -> Self {
-        Self(format!(
+        Self(Forms::both(format!(
             "WITH claim AS (
                  SELECT 1 FROM idempotency_keys
                  WHERE user_id = $1 AND key = $2 AND claim_token = $3
@@ -56,7 +57,7 @@ impl Linking {
                    AND EXISTS (SELECT 1 FROM claim) AND ({made})
              )
              SELECT EXISTS (SELECT 1 FROM claim) AS held, {select}"
-        ))
+        )))
     }
 
     /// A linking step written as the PL/pgSQL function `name`, which takes
@@ -67,7 +68,13 @@ impl Linking {
     /// false; after its writes, and only if it made the effect, it calls
     /// `idempotency_link($1, $2, $3, $4)`.
     pub fn function(name: &str, params: usize) -> Self {
-        Self(call(name, Self::FIRST_PARAM - 1 + params))
+        Self(Forms::both(call(name, Self::FIRST_PARAM - 1 + params)))
+    }
+
+    /// The same step as the function `name` (see [`Linking::function`]),
+    /// run instead where the key table is distributed.
+    pub fn distributed_as(self, name: &str, params: usize) -> Self {
+        Self(self.0.distributed_as(name, Self::FIRST_PARAM - 1 + params))
     }
 }
 
@@ -80,14 +87,14 @@ impl Linking {
 /// even when the claim was lost, and the request that holds the key now
 /// finds them. The key row is written last, after the endpoint's rows, the
 /// order every writer of both keeps.
-pub struct Storing(String);
+pub struct Storing(Forms);
 
 impl Storing {
     /// The endpoint's first parameter.
     pub const FIRST_PARAM: usize = 8;
 
     pub fn new(effect: &str, made: &str, select: &str) -> Self {
-        Self(format!(
+        Self(Forms::both(format!(
             "WITH {effect},
              stored AS (
                  UPDATE idempotency_keys SET {SET_ANSWER}, effect = NULL
@@ -96,7 +103,7 @@ impl Storing {
                  RETURNING 1
              )
              SELECT EXISTS (SELECT 1 FROM stored) AS held, {select}"
-        ))
+        )))
     }
 
     /// A storing step written as the PL/pgSQL function `name`, which takes
@@ -107,7 +114,42 @@ impl Storing {
     /// outcome, calls `idempotency_store($1, ..., $7)` last and returns what
     /// that returned as `held` (false otherwise).
     pub fn function(name: &str, params: usize) -> Self {
-        Self(call(name, Self::FIRST_PARAM - 1 + params))
+        Self(Forms::both(call(name, Self::FIRST_PARAM - 1 + params)))
+    }
+
+    /// The same step as the function `name` (see [`Storing::function`]),
+    /// run instead where the key table is distributed.
+    pub fn distributed_as(self, name: &str, params: usize) -> Self {
+        Self(self.0.distributed_as(name, Self::FIRST_PARAM - 1 + params))
+    }
+}
+
+/// A step's statement for each [`Layout`].
+struct Forms {
+    single: String,
+    distributed: String,
+}
+
+impl Forms {
+    fn both(sql: String) -> Self {
+        Self {
+            distributed: sql.clone(),
+            single: sql,
+        }
+    }
+
+    fn distributed_as(self, name: &str, params: usize) -> Self {
+        Self {
+            distributed: call(name, params),
+            ..self
+        }
+    }
+
+    fn of(&self, layout: Layout) -> &str {
+        match layout {
+            Layout::Single => &self.single,
+            Layout::Distributed => &self.distributed,
+        }
     }
 }
 
@@ -129,7 +171,8 @@ impl Claim {
     ) -> Result<(Fence, Row), Error> {
         let ours: [&(dyn ToSql + Sync); 4] =
             [&self.user_id, &self.key.as_str(), &self.token, &effect];
-        self.query(client, &statement.0, &ours, params).await
+        let sql = statement.0.of(self.layout);
+        self.query(client, sql, &ours, params).await
     }
 
     /// Runs a [`Storing`] statement outside any transaction: the outcome
@@ -151,7 +194,8 @@ impl Claim {
             &answer.location,
             &answer.body,
         ];
-        self.query(client, &statement.0, &ours, params).await
+        let sql = statement.0.of(self.layout);
+        self.query(client, sql, &ours, params).await
     }
 
     async fn query(

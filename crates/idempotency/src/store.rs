@@ -117,6 +117,7 @@ pub(crate) async fn claim(
         token,
         effect: None,
         kind: ClaimKind::First,
+        layout: policy.layout,
     };
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.

@@ -18,7 +18,7 @@ mod status;
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency::{Layout, StoredResponse};
+use idempotency::StoredResponse;
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::Row;
@@ -145,24 +145,21 @@ impl Order {
     }
 }
 
-/// The orders of one instance: its pool, its Payrail client, how an order
-/// is answered, and the tables' layout (which picks the form of the order
-/// step and the settlement: `idempotency::Layout`).
+/// The orders of one instance: its pool, its Payrail client, and how an
+/// order is answered.
 #[derive(Clone)]
 pub struct Orders {
     pool: Pool,
     payrail: Arc<payrail::Client>,
     answer: Answer,
-    layout: Layout,
 }
 
 impl Orders {
-    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, answer: Answer, layout: Layout) -> Self {
+    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, answer: Answer) -> Self {
         Self {
             pool,
             payrail,
             answer,
-            layout,
         }
     }
 

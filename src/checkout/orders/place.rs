@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use idempotency::{Claim, Done, Fence, Layout, Linking};
+use idempotency::{Claim, Done, Fence, Linking};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -96,19 +96,14 @@ impl Orders {
                 "d.all_held, i.created_at, i.amount_cents, i.seats
                  FROM decision d LEFT JOIN inserted i ON true",
             )
+            .distributed_as("checkout_place_order", 4)
         });
-        static CREATE_CALL: LazyLock<Linking> =
-            LazyLock::new(|| Linking::function("checkout_place_order", 4));
-        let create = match self.layout {
-            Layout::Single => &*CREATE,
-            Layout::Distributed => &*CREATE_CALL,
-        };
         let order_id = Uuid::new_v4();
         let client = self.pool.get().await?;
         let (fence, row) = claim
             .link_with(
                 &client,
-                create,
+                &CREATE,
                 &order_id.to_string(),
                 &[
                     &order_id,

@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 
 use deadpool_postgres::GenericClient;
-use idempotency::{Claim, Done, Fence, Layout, Storing};
+use idempotency::{Claim, Done, Fence, Storing};
 use uuid::Uuid;
 
 use super::{load, Order, OrderStatus, Orders, COLUMNS};
@@ -54,13 +54,8 @@ pub(super) async fn claimed(
             "EXISTS (SELECT 1 FROM settled)",
             "EXISTS (SELECT 1 FROM settled) AS settled",
         )
+        .distributed_as("checkout_settle_claimed", 3)
     });
-    static SETTLE_CALL: LazyLock<Storing> =
-        LazyLock::new(|| Storing::function("checkout_settle_claimed", 3));
-    let statement = match orders.layout {
-        Layout::Single => &*SETTLE,
-        Layout::Distributed => &*SETTLE_CALL,
-    };
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
@@ -69,7 +64,7 @@ pub(super) async fn claimed(
     let (fence, row) = claim
         .store_with(
             &client,
-            statement,
+            &SETTLE,
             &answer,
             &[&order.order_id, &status, &charge_id],
         )
