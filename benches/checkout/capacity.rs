@@ -103,6 +103,7 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
     )
     .await;
     println!("  {} (one unit = one storm of {COPIES})", stats.summary());
+    println!("  {}", stats.cpu_summary());
     let copies = tally[0].load(Ordering::Relaxed).max(1) as f64;
     let answered = 1.0 - tally[1].load(Ordering::Relaxed) as f64 / copies;
     println!(
@@ -140,6 +141,7 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
             "unexpected": format!("{:?}", stats.statuses),
             "no_answer": stats.failed,
             "charges": charges,
+            "cpu": stats.cpu_json(),
         }),
     );
 }

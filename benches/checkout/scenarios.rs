@@ -171,6 +171,7 @@ pub async fn orders(bench: &mut Bench) {
         autovacuum(&monitor, true).await;
     }
     println!("  {}", stats.summary());
+    println!("  {}", stats.cpu_summary());
     let orders = stats.ok_total as f64;
     let attempts = (holds.used() - warmed) as f64;
     bench.report.set("order_rps", stats.rps());
@@ -188,7 +189,7 @@ pub async fn orders(bench: &mut Bench) {
     }
     let mut detail = json!({
         "orders": orders, "requests": attempts, "commits": commits,
-        "errors": stats.errors(),
+        "errors": stats.errors(), "cpu": stats.cpu_json(),
     });
     if counted {
         let rows = monitor
