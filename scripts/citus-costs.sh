@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# What each statement of a first click costs each node of the cluster of
+# scripts/citus.sh: the PostgreSQL CPU time of the coordinator's server and
+# of the workers' (every process of each, from the kernel's counters), per
+# call, over N calls of pgbench on one connection (prepared statements and
+# custom plans, as the service runs them on Citus), less the cost of the
+# line every script starts with. Figures for docs/PERFORMANCE.md ("What a
+# first click costs the coordinator, statement by statement").
+#
+#   scripts/citus-costs.sh [N [R]]   N calls per statement (2000), in each
+#                                    of R rounds (3); the median round is shown
+#
+# Works in a database of its own (stagedoor_costs), migrated and laid out
+# like the service's, dropped at the end. Needs pgbench (Debian's
+# postgresql-15, beside the server that runs Citus) and the cluster's
+# servers on this machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+calls="${1:-2000}"
+rounds="${2:-3}"
+dir="${STAGEDOOR_CITUS_DIR:-/var/tmp/stagedoor-citus}"
+port="${STAGEDOOR_CITUS_PORT:-9700}"
+export STAGEDOOR_CITUS_DB=stagedoor_costs
+scripts_dir="$(mktemp -d)"
+trap 'rm -rf "$scripts_dir"; scripts/citus.sh drop >/dev/null 2>&1 || true' EXIT
+scripts/citus.sh >/dev/null 2>"$scripts_dir/citus.log" || { cat "$scripts_dir/citus.log" >&2; exit 1; }
+
+sql() { psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$STAGEDOOR_CITUS_DB" "$@"; }
+
+# CPU milliseconds so far of one node's server: the postmaster, the
+# children it has waited for, and the children alive now.
+node_cpu() { # data directory
+    local postmaster ticks=0 stat child
+    postmaster="$(head -n 1 "$1/postmaster.pid")"
+    read -r -a stat <"/proc/$postmaster/stat"
+    ticks=$((stat[13] + stat[14] + stat[15] + stat[16]))
+    for child in $(pgrep -P "$postmaster"); do
+        read -r -a stat <"/proc/$child/stat" 2>/dev/null || continue
+        ticks=$((ticks + stat[13] + stat[14]))
+    done
+    echo $((ticks * 1000 / $(getconf CLK_TCK)))
+}
+
+# Seats and holds of the buyer `alice`, numbered from the sequence's next
+# value on: each call of a script that orders takes the next hold.
+fresh_holds() { # count
+    sql -Atc "INSERT INTO seats (event_id, label, price_cents)
+              SELECT 'costs', 'S' || g || '-' || clock_timestamp(), 4500 FROM generate_series(1, $1) g" >/dev/null
+    local first
+    first="$(sql -Atc "WITH free AS (
+                           SELECT seat_id FROM seats s WHERE event_id = 'costs'
+                             AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.seat_id = s.seat_id)
+                           ORDER BY seat_id
+                       ), made AS (
+                           INSERT INTO holds (seat_id, user_id, expires_at)
+                           SELECT seat_id, 'alice', now() + interval '1 day' FROM free
+                           RETURNING hold_id
+                       )
+                       SELECT min(hold_id) FROM made")"
+    sql -Atc "SELECT setval('costs_seq', $first, false)" >/dev/null
+    sql -c "VACUUM ANALYZE seats, holds" >/dev/null
+    # Until the postmaster has reaped these sessions' backends, whose
+    # times would count in the next window.
+    sleep 1
+}
+
+sql >/dev/null <<'SQL'
+INSERT INTO events (event_id) VALUES ('costs');
+CREATE SEQUENCE costs_seq;
+-- The same holds as a plain table of the coordinator's, which Citus does
+-- not manage: what the managed table's local execution adds.
+CREATE TABLE holds_plain (LIKE holds INCLUDING ALL);
+-- No autovacuum worker's CPU in a node's figures.
+ALTER TABLE seats SET (autovacuum_enabled = false);
+ALTER TABLE holds SET (autovacuum_enabled = false);
+ALTER TABLE holds_plain SET (autovacuum_enabled = false);
+ALTER TABLE orders SET (autovacuum_enabled = false);
+ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
+SELECT * FROM idempotency_claim('alice', 'answered', '\x01', 1, 60, 86400);
+SQL
+fresh_holds 2000
+sql -c "INSERT INTO holds_plain OVERRIDING SYSTEM VALUE SELECT * FROM holds" -c "ANALYZE" >/dev/null
+
+# Every script's first line, and the baseline the others are net of.
+next='SELECT nextval('"'costs_seq'"') AS i, gen_random_uuid() AS oid \gset'
+script() { # name statement...
+    local name="$1"
+    shift
+    printf '%s\n' "$next" "$@" >"$scripts_dir/$name.sql"
+}
+script baseline
+script read_key "SELECT response_status FROM idempotency_keys WHERE user_id = 'alice' AND key = 'answered';"
+script claim_lost "SELECT * FROM idempotency_claim('alice', 'answered', '\x01', 1, 60, 86400);"
+script claim_won "SELECT * FROM idempotency_claim('alice', 'new' || :i, '\x01', :i, 60, 86400);"
+script read_hold_plain "SELECT expires_at FROM holds_plain WHERE hold_id = :i % 2000 + 1;"
+script read_hold "SELECT expires_at FROM holds WHERE hold_id = :i % 2000 + 1;"
+script write_hold_plain "UPDATE holds_plain SET expires_at = expires_at WHERE hold_id = :i % 2000 + 1;"
+script write_hold "UPDATE holds SET expires_at = expires_at WHERE hold_id = :i % 2000 + 1;"
+script one_worker "BEGIN;" \
+    "UPDATE idempotency_keys SET request_hash = request_hash WHERE user_id = 'alice' AND key = 'answered';" \
+    "UPDATE idempotency_keys SET request_hash = request_hash WHERE user_id = 'alice' AND key = 'answered';" \
+    "COMMIT;"
+script two_phase "BEGIN;" \
+    "UPDATE holds SET expires_at = expires_at WHERE hold_id = :i % 2000 + 1;" \
+    "UPDATE idempotency_keys SET request_hash = request_hash WHERE user_id = 'alice' AND key = 'answered';" \
+    "COMMIT;"
+claim="SELECT * FROM idempotency_claim('alice', 'click' || :i, '\x01', :i, 60, 86400);"
+place="SELECT * FROM checkout_place_order('alice', 'click' || :i, :i, :oid, :oid::uuid, ARRAY[:i]::bigint[], 'USD', 'pm_card_visa');"
+settle="SELECT * FROM checkout_settle_claimed('alice', 'click' || :i, :i, 201::smallint, 'application/json', '/orders/' || :oid, '\x7b7d', :oid::uuid, 'paid', 'ch_' || :i);"
+script claim_place "$claim" "$place"
+script click "$claim" "$place" "$settle"
+
+# Per script, each round's total CPU milliseconds, space-separated.
+declare -A coordinator workers
+measure() { # name
+    case "$1" in claim_place | click) fresh_holds "$calls" ;; esac
+    local c0 w0 c1 w1 worker
+    c0="$(node_cpu "$dir/coordinator")"
+    w0=0
+    for worker in "$dir"/worker*/; do w0=$((w0 + $(node_cpu "$worker"))); done
+    PGOPTIONS="-c plan_cache_mode=force_custom_plan" pgbench -n -h 127.0.0.1 -p "$port" -U postgres \
+        -M prepared -c 1 -t "$calls" -f "$scripts_dir/$1.sql" "$STAGEDOOR_CITUS_DB" >/dev/null
+    # A backend's times reach its postmaster's when it exits.
+    sleep 0.5
+    c1="$(node_cpu "$dir/coordinator")"
+    w1=0
+    for worker in "$dir"/worker*/; do w1=$((w1 + $(node_cpu "$worker"))); done
+    coordinator[$1]+="$((c1 - c0)) "
+    workers[$1]+="$((w1 - w0)) "
+}
+# The median over the rounds of (total - minus) / calls.
+per_call() { # totals minus-totals
+    awk -v t="$1" -v m="$2" -v n="$calls" 'BEGIN {
+        k = split(t, a, " "); split(m, b, " ")
+        for (i = 1; i <= k; i++) d[i] = (a[i] - b[i]) / n
+        for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (d[j] < d[i]) { x = d[i]; d[i] = d[j]; d[j] = x }
+        printf "%8.3f ms", d[int((k + 1) / 2)]
+    }'
+}
+row() { # what name [net-of]
+    local net="${3:-baseline}"
+    printf '%-68s %s %s\n' "$1" "$(per_call "${coordinator[$2]}" "${coordinator[$net]}")" \
+        "$(per_call "${workers[$2]}" "${workers[$net]}")"
+}
+
+for _ in $(seq "$rounds"); do
+    for name in baseline read_key claim_lost claim_won read_hold_plain read_hold write_hold_plain \
+        write_hold one_worker two_phase claim_place click; do
+        measure "$name"
+    done
+done
+orders="$(sql -Atc "SELECT count(*) FILTER (WHERE status = 'paid') || ' of ' || count(*) || ' orders paid' FROM orders")"
+printf '%-68s %11s %11s\n' "per call, median of $rounds rounds of $calls calls ($orders)" "coordinator" "workers"
+row "a routed read of one key (one worker)" read_key
+row "the claim, lost: a replay with the answer cache off (delegated)" claim_lost
+row "the claim, won: a first click's (delegated)" claim_won
+row "a hold read by id: a plain table on the coordinator" read_hold_plain
+row "a hold read by id: the Citus-managed local table" read_hold
+row "a hold written by id: a plain table on the coordinator" write_hold_plain
+row "a hold written by id: the Citus-managed local table" write_hold
+row "two routed writes of one key in a transaction (one worker commits)" one_worker
+row "a hold and a key written in a transaction (two-phase commit)" two_phase
+row "the order step (checkout_place_order), the claim's cost taken off" claim_place claim_won
+row "the settlement (checkout_settle_claimed)" click claim_place
+row "a first click's three calls (claim, order step, settlement)" click
