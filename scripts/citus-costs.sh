@@ -41,6 +41,11 @@ node_cpu() { # data directory
     done
     echo $((ticks * 1000 / $(getconf CLK_TCK)))
 }
+workers_cpu() {
+    local sum=0 worker
+    for worker in "$dir"/worker*/; do sum=$((sum + $(node_cpu "$worker"))); done
+    echo "$sum"
+}
 
 # Seats and holds of the buyer `alice`, numbered from the sequence's next
 # value on: each call of a script that orders takes the next hold.
@@ -115,17 +120,15 @@ script click "$claim" "$place" "$settle"
 declare -A coordinator workers
 measure() { # name
     case "$1" in claim_place | click) fresh_holds "$calls" ;; esac
-    local c0 w0 c1 w1 worker
+    local c0 w0 c1 w1
     c0="$(node_cpu "$dir/coordinator")"
-    w0=0
-    for worker in "$dir"/worker*/; do w0=$((w0 + $(node_cpu "$worker"))); done
+    w0="$(workers_cpu)"
     PGOPTIONS="-c plan_cache_mode=force_custom_plan" pgbench -n -h 127.0.0.1 -p "$port" -U postgres \
         -M prepared -c 1 -t "$calls" -f "$scripts_dir/$1.sql" "$STAGEDOOR_CITUS_DB" >/dev/null
     # A backend's times reach its postmaster's when it exits.
     sleep 0.5
     c1="$(node_cpu "$dir/coordinator")"
-    w1=0
-    for worker in "$dir"/worker*/; do w1=$((w1 + $(node_cpu "$worker"))); done
+    w1="$(workers_cpu)"
     coordinator[$1]+="$((c1 - c0)) "
     workers[$1]+="$((w1 - w0)) "
 }

@@ -139,6 +139,14 @@ impl Server {
         self.url(&self.database)
     }
 
+    /// The bench database on each worker of the cluster (none on one
+    /// PostgreSQL).
+    pub fn worker_bench_urls(&self) -> impl Iterator<Item = String> + '_ {
+        self.workers
+            .iter()
+            .map(|worker| format!("{worker}/{}", self.database))
+    }
+
     pub fn is_throwaway(&self) -> bool {
         self.throwaway.is_some()
     }

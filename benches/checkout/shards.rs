@@ -70,8 +70,8 @@ impl Shards {
 async fn counters(bench: &Bench) -> HashMap<i64, i64> {
     tokio::time::sleep(REPORTED_WITHIN).await;
     let mut all = HashMap::new();
-    for worker in &bench.pg.workers {
-        let client = postgres::connect(&format!("{worker}/{}", bench.pg.database)).await;
+    for worker in bench.pg.worker_bench_urls() {
+        let client = postgres::connect(&worker).await;
         // Citus hides the shards from the catalog unless asked.
         client
             .batch_execute("SET citus.override_table_visibility TO off")
@@ -344,8 +344,8 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     );
     let coordinator = Node::open(&bench.pg.bench_url()).await;
     let mut workers = Vec::new();
-    for worker in &bench.pg.workers {
-        workers.push(Node::open(&format!("{worker}/{}", bench.pg.database)).await);
+    for worker in bench.pg.worker_bench_urls() {
+        workers.push(Node::open(&worker).await);
     }
     if !coordinator.statements {
         println!("  (no pg_stat_statements on the coordinator: statements not counted)");

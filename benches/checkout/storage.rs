@@ -195,8 +195,8 @@ pub async fn cleanup(bench: &mut Bench, app: &RunningApp) {
         .await
         .expect("checkpoint");
     drop(client);
-    for worker in &bench.pg.workers {
-        postgres::connect(&format!("{worker}/{}", bench.pg.database))
+    for worker in bench.pg.worker_bench_urls() {
+        postgres::connect(&worker)
             .await
             .batch_execute("CHECKPOINT")
             .await
