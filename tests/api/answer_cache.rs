@@ -54,12 +54,16 @@ fn same_answer(a: &Seen, b: &Seen) {
     );
 }
 
-/// How many listening connections the database has (one per instance).
+/// How many instances listen for invalidations. A listener's connection
+/// shows up before its `LISTEN` has run, and until then its instance learns
+/// nothing: only a connection idle after `LISTEN` counts.
 async fn listeners(app: &TestApp) -> i64 {
-    app.count(
+    app.count(&format!(
         "SELECT count(*) FROM pg_stat_activity
-         WHERE application_name = 'idempotency-listener' AND datname = current_database()",
-    )
+         WHERE application_name = 'idempotency-listener' AND datname = current_database()
+           AND state = 'idle' AND query = 'LISTEN {}'",
+        idempotency::ANSWER_CHANNEL
+    ))
     .await
 }
 
