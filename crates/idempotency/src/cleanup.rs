@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
 
-use crate::{Error, Settling};
+use crate::{Error, Layout, Settling};
 
 /// Rows per statement on one PostgreSQL: large enough to go fast, small
 /// enough to stay brief (a few milliseconds). Each slice of the run is a
@@ -159,14 +159,7 @@ fn next_width(width: Duration, rows: u64, target: i64) -> Duration {
 /// 16,000 on a three-node cluster, that deleted fastest under traffic
 /// (docs/PERFORMANCE.md of stagedoor-checkout, "Past one PostgreSQL").
 async fn shards(client: &impl GenericClient) -> Result<i64, Error> {
-    let citus: bool = client
-        .query_one(
-            "SELECT to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .try_get(0)?;
-    if !citus {
+    if Layout::of(client).await? == Layout::Single {
         return Ok(1);
     }
     let count: i64 = client
