@@ -5,7 +5,8 @@
 # call, over N calls of pgbench on one connection (prepared statements and
 # custom plans, as the service runs them on Citus), less the cost of the
 # line every script starts with. Figures for docs/PERFORMANCE.md ("What a
-# first click costs the coordinator, statement by statement").
+# first click costs the coordinator, statement by statement"), and of a
+# sketch that keeps the holds on the buyer's shard beside its orders and keys.
 #
 #   scripts/citus-costs.sh [N [R]]   N calls per statement (2000), in each
 #                                    of R rounds (3); the median round is shown
@@ -36,7 +37,7 @@ node_cpu() { # data directory
     read -r -a stat <"/proc/$postmaster/stat"
     ticks=$((stat[13] + stat[14] + stat[15] + stat[16]))
     for child in $(pgrep -P "$postmaster"); do
-        read -r -a stat <"/proc/$child/stat" 2>/dev/null || continue
+        read -r -a stat 2>/dev/null <"/proc/$child/stat" || continue
         ticks=$((ticks + stat[13] + stat[14]))
     done
     echo $((ticks * 1000 / $(getconf CLK_TCK)))
@@ -48,7 +49,8 @@ workers_cpu() {
 }
 
 # Seats and holds of the buyer `alice`, numbered from the sequence's next
-# value on: each call of a script that orders takes the next hold.
+# value on (the sketch's holds get the same numbers): each call of a script
+# that orders takes the next hold.
 fresh_holds() { # count
     sql -Atc "INSERT INTO seats (event_id, label, price_cents)
               SELECT 'costs', 'S' || g || '-' || clock_timestamp(), 4500 FROM generate_series(1, $1) g" >/dev/null
@@ -64,7 +66,9 @@ fresh_holds() { # count
                        )
                        SELECT min(hold_id) FROM made")"
     sql -Atc "SELECT setval('costs_seq', $first, false)" >/dev/null
-    sql -c "VACUUM ANALYZE seats, holds" >/dev/null
+    sql -Atc "INSERT INTO costs_holds (user_id, hold_id, expires_at)
+              SELECT 'alice', g, now() + interval '1 day' FROM generate_series($first, $first + $1 - 1) g" >/dev/null
+    sql -c "VACUUM ANALYZE seats, holds, costs_holds" >/dev/null
     # Until the postmaster has reaped these sessions' backends, whose
     # times would count in the next window.
     sleep 1
@@ -83,6 +87,44 @@ ALTER TABLE holds_plain SET (autovacuum_enabled = false);
 ALTER TABLE orders SET (autovacuum_enabled = false);
 ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
 SELECT * FROM idempotency_claim('alice', 'answered', '\x01', 1, 60, 86400);
+
+-- A sketch, not the service's layout: holds on the buyer's shard, beside
+-- the buyer's orders and keys, so that the order step and the settlement
+-- are each one call delegated whole to the buyer's worker. A seat's
+-- exclusivity would then have to be kept elsewhere (its seat row), which
+-- this does not model: it measures what the coordinator would still pay.
+CREATE TABLE costs_holds (
+    user_id text NOT NULL, hold_id bigint NOT NULL, order_id uuid,
+    expires_at timestamptz NOT NULL, sold boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (user_id, hold_id));
+SELECT create_distributed_table('costs_holds', 'user_id', colocate_with => 'idempotency_keys');
+ALTER TABLE costs_holds SET (autovacuum_enabled = false);
+CREATE FUNCTION costs_place(p_user text, p_key text, p_hold bigint, p_order uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE costs_holds SET order_id = p_order
+    WHERE user_id = p_user AND hold_id = p_hold AND order_id IS NULL AND expires_at > now();
+    INSERT INTO orders (order_id, user_id, status, amount_cents, currency, payment_method,
+                        hold_ids, seats, idempotency_key)
+    VALUES (p_order, p_user, 'payment_pending', 4500, 'USD', 'pm_card_visa',
+            ARRAY[p_hold], ARRAY['S1'], p_key);
+    UPDATE idempotency_keys SET effect = p_order::text WHERE user_id = p_user AND key = p_key;
+END $$;
+CREATE FUNCTION costs_settle(p_user text, p_key text, p_order uuid, p_charge text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE orders SET status = 'paid', charge_id = p_charge, updated_at = now()
+    WHERE user_id = p_user AND order_id = p_order;
+    UPDATE costs_holds SET sold = true WHERE user_id = p_user AND order_id = p_order;
+    UPDATE idempotency_keys
+    SET response_status = 201, response_content_type = 'application/json',
+        response_location = '/orders/' || p_order, response_body = '\x7b7d'
+    WHERE user_id = p_user AND key = p_key;
+END $$;
+SELECT create_distributed_function('costs_place(text,text,bigint,uuid)', '$1',
+                                   colocate_with => 'idempotency_keys');
+SELECT create_distributed_function('costs_settle(text,text,uuid,text)', '$1',
+                                   colocate_with => 'idempotency_keys');
 SQL
 fresh_holds 2000
 sql -c "INSERT INTO holds_plain OVERRIDING SYSTEM VALUE SELECT * FROM holds" -c "ANALYZE" >/dev/null
@@ -115,11 +157,14 @@ place="SELECT * FROM checkout_place_order('alice', 'click' || :i, :i, :oid, :oid
 settle="SELECT * FROM checkout_settle_claimed('alice', 'click' || :i, :i, 201::smallint, 'application/json', '/orders/' || :oid, '\x7b7d', :oid::uuid, 'paid', 'ch_' || :i);"
 script claim_place "$claim" "$place"
 script click "$claim" "$place" "$settle"
+script sketch_click "$claim" \
+    "SELECT costs_place('alice', 'click' || :i, :i, :oid::uuid);" \
+    "SELECT costs_settle('alice', 'click' || :i, :oid::uuid, 'ch_' || :i);"
 
 # Per script, each round's total CPU milliseconds, space-separated.
 declare -A coordinator workers
 measure() { # name
-    case "$1" in claim_place | click) fresh_holds "$calls" ;; esac
+    case "$1" in claim_place | click | sketch_click) fresh_holds "$calls" ;; esac
     local c0 w0 c1 w1
     c0="$(node_cpu "$dir/coordinator")"
     w0="$(workers_cpu)"
@@ -149,7 +194,7 @@ row() { # what name [net-of]
 
 for _ in $(seq "$rounds"); do
     for name in baseline read_key claim_lost claim_won read_hold_plain read_hold write_hold_plain \
-        write_hold one_worker two_phase claim_place click; do
+        write_hold one_worker two_phase claim_place click sketch_click; do
         measure "$name"
     done
 done
@@ -167,3 +212,4 @@ row "a hold and a key written in a transaction (two-phase commit)" two_phase
 row "the order step (checkout_place_order), the claim's cost taken off" claim_place claim_won
 row "the settlement (checkout_settle_claimed)" click claim_place
 row "a first click's three calls (claim, order step, settlement)" click
+row "the same three calls, holds on the buyer's shard (the sketch)" sketch_click
