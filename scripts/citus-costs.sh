@@ -6,7 +6,8 @@
 # custom plans, as the service runs them on Citus), less the cost of the
 # line every script starts with. Figures for docs/PERFORMANCE.md ("What a
 # first click costs the coordinator, statement by statement"), and of a
-# sketch that keeps the holds on the buyer's shard beside its orders and keys.
+# sketch that keeps the holds on the buyer's shard beside its orders and
+# keys: its first click, and what its hold and its seat map would cost.
 #
 #   scripts/citus-costs.sh [N [R]]   N calls per statement (2000), in each
 #                                    of R rounds (3); the median round is shown
@@ -73,6 +74,18 @@ fresh_holds() { # count
     # times would count in the next window.
     sleep 1
 }
+# Seats no one holds, numbered from `costs_seat_seq`'s next value on: each
+# call of a script that holds takes the next one.
+fresh_seats() { # count
+    sql -Atc "WITH made AS (
+                  INSERT INTO seats (event_id, label, price_cents)
+                  SELECT 'costs', 'F' || g || '-' || clock_timestamp(), 4500 FROM generate_series(1, $1) g
+                  RETURNING seat_id
+              )
+              SELECT setval('costs_seat_seq', min(seat_id), false) FROM made" >/dev/null
+    sql -c "VACUUM ANALYZE seats" >/dev/null
+    sleep 1
+}
 
 sql >/dev/null <<'SQL'
 INSERT INTO events (event_id) VALUES ('costs');
@@ -125,12 +138,40 @@ SELECT create_distributed_function('costs_place(text,text,bigint,uuid)', '$1',
                                    colocate_with => 'idempotency_keys');
 SELECT create_distributed_function('costs_settle(text,text,uuid,text)', '$1',
                                    colocate_with => 'idempotency_keys');
+-- The sketch's seat row, on the coordinator beside the seats: which hold
+-- has the seat until when. A hold writes it together with the buyer's hold
+-- (two nodes, so a two-phase commit). Once `until` has passed the seat is
+-- free only if that hold is in no order, which its buyer's shard knows.
+CREATE TABLE costs_seat_claims (
+    seat_id bigint PRIMARY KEY, user_id text NOT NULL, hold_id bigint NOT NULL,
+    taken_at timestamptz NOT NULL, until timestamptz NOT NULL);
+SELECT citus_add_local_table_to_metadata('costs_seat_claims');
+ALTER TABLE costs_seat_claims SET (autovacuum_enabled = false);
+CREATE SEQUENCE costs_seat_seq;
+
+-- A seat map of 200 seats, each held by a buyer of its own, every other
+-- one in a paid order: in the service's layout, and in the sketch's, where
+-- the ordered seats' claims have run out and only their buyers' shards
+-- know that the seats are sold.
+INSERT INTO events (event_id) VALUES ('costs_map');
+INSERT INTO seats (event_id, label, price_cents)
+SELECT 'costs_map', 'M' || g, 4500 FROM generate_series(1, 200) g;
+INSERT INTO holds (seat_id, user_id, expires_at, order_id, sold)
+SELECT seat_id, 'm' || seat_id, now() + interval '1 day',
+       CASE WHEN seat_id % 2 = 0 THEN gen_random_uuid() END, seat_id % 2 = 0
+FROM seats WHERE event_id = 'costs_map';
+INSERT INTO costs_holds (user_id, hold_id, expires_at, order_id, sold)
+SELECT user_id, seat_id, created_at + interval '1 second', order_id, sold FROM holds
+WHERE seat_id IN (SELECT seat_id FROM seats WHERE event_id = 'costs_map');
+INSERT INTO costs_seat_claims (seat_id, user_id, hold_id, taken_at, until)
+SELECT hold_id, user_id, hold_id, now(), expires_at FROM costs_holds;
+UPDATE costs_seat_claims SET until = now() + interval '1 day' WHERE seat_id % 2 = 1;
 SQL
 fresh_holds 2000
 sql -c "INSERT INTO holds_plain OVERRIDING SYSTEM VALUE SELECT * FROM holds" -c "ANALYZE" >/dev/null
 
 # Every script's first line, and the baseline the others are net of.
-next='SELECT nextval('"'costs_seq'"') AS i, gen_random_uuid() AS oid \gset'
+next='SELECT nextval('"'costs_seq'"') AS i, nextval('"'costs_seat_seq'"') AS s, gen_random_uuid() AS oid \gset'
 script() { # name statement...
     local name="$1"
     shift
@@ -160,11 +201,50 @@ script click "$claim" "$place" "$settle"
 script sketch_click "$claim" \
     "SELECT costs_place('alice', 'click' || :i, :i, :oid::uuid);" \
     "SELECT costs_settle('alice', 'click' || :i, :oid::uuid, 'ch_' || :i);"
+# The other clicks the sketch changes: a hold without a key
+# (src/checkout/holds.rs), and the seat map (src/checkout/seats.rs).
+script hold "WITH seat AS (SELECT seat_id FROM seats WHERE seat_id = :s FOR NO KEY UPDATE)
+    INSERT INTO holds (seat_id, user_id, expires_at)
+    SELECT seat_id, 'bob', now() + make_interval(secs => 600) FROM seat RETURNING hold_id, expires_at;"
+script sketch_hold "BEGIN;" \
+    "INSERT INTO costs_seat_claims (seat_id, user_id, hold_id, taken_at, until)
+    VALUES (:s, 'bob', :s, now(), now() + make_interval(secs => 600))
+    ON CONFLICT (seat_id) DO UPDATE SET user_id = excluded.user_id, hold_id = excluded.hold_id,
+                                        taken_at = excluded.taken_at, until = excluded.until
+    WHERE costs_seat_claims.until <= excluded.taken_at;" \
+    "INSERT INTO costs_holds (user_id, hold_id, expires_at)
+    VALUES ('bob', :s, now() + make_interval(secs => 600)) RETURNING hold_id, expires_at;" \
+    "COMMIT;"
+script map "SELECT s.seat_id, s.label, s.price_cents,
+           CASE WHEN h.sold THEN 'sold' WHEN h.hold_id IS NOT NULL THEN 'held' ELSE 'available' END AS status,
+           CASE WHEN h.user_id = 'alice' AND h.order_id IS NULL THEN h.hold_id END AS your_hold_id,
+           h.expires_at
+    FROM seats s
+    LEFT JOIN holds h ON h.seat_id = s.seat_id AND (h.order_id IS NOT NULL OR h.expires_at > now())
+    WHERE s.event_id = 'costs_map' ORDER BY s.seat_id;"
+script sketch_map "WITH c AS MATERIALIZED (
+        SELECT s.seat_id, s.label, s.price_cents, c.user_id, c.hold_id, c.until
+        FROM seats s LEFT JOIN costs_seat_claims c ON c.seat_id = s.seat_id
+        WHERE s.event_id = 'costs_map'
+    ), h AS (
+        SELECT user_id, hold_id, order_id, sold FROM costs_holds
+        WHERE (user_id, hold_id) IN (SELECT user_id, hold_id FROM c WHERE until <= now())
+    )
+    SELECT c.seat_id, c.label, c.price_cents,
+           CASE WHEN h.sold THEN 'sold' WHEN c.until > now() OR h.order_id IS NOT NULL THEN 'held'
+                ELSE 'available' END AS status,
+           CASE WHEN c.user_id = 'alice' AND c.until > now() THEN c.hold_id END AS your_hold_id,
+           c.until AS expires_at
+    FROM c LEFT JOIN h ON h.user_id = c.user_id AND h.hold_id = c.hold_id
+    ORDER BY c.seat_id;"
 
 # Per script, each round's total CPU milliseconds, space-separated.
 declare -A coordinator workers
 measure() { # name
-    case "$1" in claim_place | click | sketch_click) fresh_holds "$calls" ;; esac
+    case "$1" in
+    claim_place | click | sketch_click) fresh_holds "$calls" ;;
+    hold | sketch_hold) fresh_seats "$calls" ;;
+    esac
     local c0 w0 c1 w1
     c0="$(node_cpu "$dir/coordinator")"
     w0="$(workers_cpu)"
@@ -194,7 +274,7 @@ row() { # what name [net-of]
 
 for _ in $(seq "$rounds"); do
     for name in baseline read_key claim_lost claim_won read_hold_plain read_hold write_hold_plain \
-        write_hold one_worker two_phase claim_place click sketch_click; do
+        write_hold one_worker two_phase claim_place click sketch_click hold sketch_hold map sketch_map; do
         measure "$name"
     done
 done
@@ -213,3 +293,7 @@ row "the order step (checkout_place_order), the claim's cost taken off" claim_pl
 row "the settlement (checkout_settle_claimed)" click claim_place
 row "a first click's three calls (claim, order step, settlement)" click
 row "the same three calls, holds on the buyer's shard (the sketch)" sketch_click
+row "a hold (POST /holds without a key) as the service makes it" hold
+row "the same in the sketch: the seat row and the buyer's hold (2PC)" sketch_hold
+row "the seat map of 200 seats as the service reads it" map
+row "the same in the sketch, the expired claims' holds on their shards" sketch_map
