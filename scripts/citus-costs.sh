@@ -69,10 +69,7 @@ fresh_holds() { # count
     sql -Atc "SELECT setval('costs_seq', $first, false)" >/dev/null
     sql -Atc "INSERT INTO costs_holds (user_id, hold_id, expires_at)
               SELECT 'alice', g, now() + interval '1 day' FROM generate_series($first, $first + $1 - 1) g" >/dev/null
-    sql -c "VACUUM ANALYZE seats, holds, costs_holds" >/dev/null
-    # Until the postmaster has reaped these sessions' backends, whose
-    # times would count in the next window.
-    sleep 1
+    analyze seats holds costs_holds
 }
 # Seats no one holds, numbered from `costs_seat_seq`'s next value on: each
 # call of a script that holds takes the next one.
@@ -83,7 +80,14 @@ fresh_seats() { # count
                   RETURNING seat_id
               )
               SELECT setval('costs_seat_seq', min(seat_id), false) FROM made" >/dev/null
-    sql -c "VACUUM ANALYZE seats" >/dev/null
+    analyze seats
+}
+# Fresh statistics for the tables just filled, then a rest: until the
+# postmaster has reaped these sessions' backends, whose times would count
+# in the next window.
+analyze() { # table...
+    local tables="$*"
+    sql -c "VACUUM ANALYZE ${tables// /, }" >/dev/null
     sleep 1
 }
 
@@ -104,8 +108,8 @@ SELECT * FROM idempotency_claim('alice', 'answered', '\x01', 1, 60, 86400);
 -- A sketch, not the service's layout: holds on the buyer's shard, beside
 -- the buyer's orders and keys, so that the order step and the settlement
 -- are each one call delegated whole to the buyer's worker. A seat's
--- exclusivity would then have to be kept elsewhere (its seat row), which
--- this does not model: it measures what the coordinator would still pay.
+-- exclusivity is then kept by its seat row (below), which the sketch's
+-- hold writes and its first click does not.
 CREATE TABLE costs_holds (
     user_id text NOT NULL, hold_id bigint NOT NULL, order_id uuid,
     expires_at timestamptz NOT NULL, sold boolean NOT NULL DEFAULT false,
@@ -142,6 +146,8 @@ SELECT create_distributed_function('costs_settle(text,text,uuid,text)', '$1',
 -- has the seat until when. A hold writes it together with the buyer's hold
 -- (two nodes, so a two-phase commit). Once `until` has passed the seat is
 -- free only if that hold is in no order, which its buyer's shard knows.
+-- `taken_at` is the hold's now() as a value: Citus refuses a non-immutable
+-- function in an ON CONFLICT's WHERE.
 CREATE TABLE costs_seat_claims (
     seat_id bigint PRIMARY KEY, user_id text NOT NULL, hold_id bigint NOT NULL,
     taken_at timestamptz NOT NULL, until timestamptz NOT NULL);
