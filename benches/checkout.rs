@@ -10,7 +10,7 @@
 //! `--quick` runs every scenario briefly (CI); the default runs them long
 //! enough to trust. Naming scenarios runs only those (figures that need a
 //! missing one are left out): orders, replay, mirror, storm, payrail, redis,
-//! keyrows, cleanup, rss, lost_answers.
+//! keyrows, cleanup, rss, lost_answers, abuse.
 //!
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
@@ -19,6 +19,8 @@
 //! and a read cost the coordinator and the workers: PostgreSQL CPU,
 //! statements, two-phase commits) unless others are named.
 
+#[path = "checkout/abuse.rs"]
+mod abuse;
 #[path = "checkout/capacity.rs"]
 mod capacity;
 #[path = "checkout/cpu.rs"]
@@ -107,6 +109,7 @@ pub const SCENARIOS: &[&str] = &[
     "cleanup",
     "rss",
     "lost_answers",
+    "abuse",
     "shards",
 ];
 
@@ -177,7 +180,10 @@ fn main() {
     println!("wrote {}", path.display());
     // Slow is a figure; a click charged twice is a broken promise.
     if double_charges > 0.0 {
-        eprintln!("a storm charged a click more than once: see the storm figures above");
+        eprintln!(
+            "a click was charged more than once, or a seat sold twice: see the storm and \
+             abuse figures above"
+        );
         std::process::exit(1);
     }
 }
@@ -264,6 +270,9 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     if wants("wait_storm") {
         capacity::storm(&mut bench, &app.url, "", true).await;
     }
+    if wants("abuse") {
+        abuse::abuse(&mut bench).await;
+    }
     if wants("payrail") {
         capacity::payrail(&mut bench, &app).await;
     }
@@ -323,6 +332,8 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         "storm_double_charges",
         "wait_storm_double_charges",
         "storm_double_charges_redis",
+        "abuse_double_charges",
+        "abuse_seats_sold_twice",
     ]
     .iter()
     .filter_map(|name| bench.report.get(name))

@@ -146,13 +146,13 @@ pub async fn storm(bench: &mut Bench, url: &str, suffix: &str, wait: bool) {
     );
 }
 
-async fn clear_ledger(bench: &Bench) {
+pub async fn clear_ledger(bench: &Bench) {
     sandbox::clear_ledger(&bench.http, &bench.sandbox_url).await;
 }
 
 /// (charges, clicks with more than one succeeded charge, succeeded charges
 /// whose order is unknown), from the sandbox ledger and the orders table.
-async fn double_charges(bench: &Bench) -> (usize, usize, usize) {
+pub async fn double_charges(bench: &Bench) -> (usize, usize, usize) {
     let ledger = sandbox::ledger(&bench.http, &bench.sandbox_url).await;
     let references: Vec<Uuid> = ledger
         .iter()

@@ -107,7 +107,7 @@ impl Stats {
 
 impl Stats {
     /// Adds another run of the same kind (one side of an ABBA comparison).
-    fn absorb(&mut self, other: Stats) {
+    pub fn absorb(&mut self, other: Stats) {
         self.ok += other.ok;
         self.units += other.units;
         self.ok_total += other.ok_total;

@@ -44,6 +44,10 @@ const TARGETS: &[(&str, Rule)] = &[
     ("key_row_bytes", Rule::MaxPlus(300.0, "key_body_bytes")),
     ("rss_mb_peak", Rule::Max(150.0)),
     ("lost_answer_p99_ms_events", Rule::Max(1000.0)),
+    ("abuse_p99_ratio", Rule::Max(1.5)),
+    ("abuse_honest_refused", Rule::Max(0.0)),
+    ("abuse_double_charges", Rule::Max(0.0)),
+    ("abuse_seats_sold_twice", Rule::Max(0.0)),
 ];
 
 /// On the Citus cluster these replace the targets of the same name
@@ -110,6 +114,16 @@ const ORDER: &[&str] = &[
     "lost_answer_p50_ms_reconcile",
     "lost_answer_p99_ms_reconcile",
     "lost_answer_unsettled_reconcile",
+    "abuse_quiet_rps",
+    "abuse_quiet_p50_ms",
+    "abuse_quiet_p99_ms",
+    "abuse_attack_rps",
+    "abuse_attack_p50_ms",
+    "abuse_attack_p99_ms",
+    "abuse_p99_ratio",
+    "abuse_honest_refused",
+    "abuse_double_charges",
+    "abuse_seats_sold_twice",
 ];
 
 impl Report {
