@@ -73,7 +73,8 @@ pub async fn abuse(bench: &mut Bench) {
     for pair in 0..profile.pairs.max(1) {
         let attack_first = pair % 2 == 1;
         for under_attack in [attack_first, !attack_first] {
-            let attack = under_attack.then(|| Attack::start(&app.url, &tokens, &seats, tally.clone()));
+            let attack =
+                under_attack.then(|| Attack::start(&app.url, &tokens, &seats, tally.clone()));
             if attack.is_some() {
                 // The stalled connections are open and the floods running.
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -322,7 +323,10 @@ async fn signature_flood(
     tally: Arc<Tally>,
     stop: CancellationToken,
 ) {
-    let body = format!(r#"{{"id":"evt_flood","pad":"{}"}}"#, "x".repeat(64 * 1024 - 40));
+    let body = format!(
+        r#"{{"id":"evt_flood","pad":"{}"}}"#,
+        "x".repeat(64 * 1024 - 40)
+    );
     while !stop.is_cancelled() {
         let mut header = format!("t={}", unix_now());
         while header.len() < 120 * 1024 {
