@@ -1,6 +1,7 @@
 //! `POST /payrail/events`: Payrail's signed events, with no buyer token.
-//! The signature is checked over the raw bytes before anything else
-//! (nothing is written for an event that is not believed); then the event
+//! The signature header is checked before the body is read (its bounds and
+//! its timestamp), then its MAC over the raw bytes, once, before anything
+//! else (nothing is written for an event that is not believed); then the event
 //! is applied at most once by its id through the idempotency engine, in a
 //! scope of its own, with the event's bytes as the request, so that a
 //! duplicate, even a concurrent one on another instance, gets the first
@@ -16,7 +17,7 @@ use super::problem::Problem;
 use super::{body, AppState};
 use crate::checkout::orders::EventResult;
 use crate::observe;
-use crate::payrail::{Event, EventKind, Verifier};
+use crate::payrail::{Event, EventKind, SignatureError, Verifier};
 
 /// The idempotency scope event ids are kept in. A scope is compared with
 /// buyer ids, and a buyer id may be any printable string of up to 255
@@ -60,8 +61,9 @@ pub struct PayrailEvents {
             | \"unknown\" | \"contradicting\"}`; a repeat of the event id replays its first \
             answer with `Idempotent-Replayed: true`",
             headers(("Idempotent-Replayed" = String, description = "`true` on a repeat"))),
-        (status = 400, description = "`webhook-signature-invalid` (missing, wrong or stale \
-            signature, or a tampered body) or `invalid-request`; nothing is written",
+        (status = 400, description = "`webhook-signature-invalid` (a missing, stale or wrong \
+            signature, a header longer than 1 KiB, with more than 4 `v1` or a `v1` that is not \
+            64 hex digits, or a tampered body) or `invalid-request`; nothing is written",
             body = super::problem::ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "`not-found`: events are off (no `payrail.webhook_secret`)",
             body = super::problem::ProblemDetails, content_type = "application/problem+json"),
@@ -79,13 +81,18 @@ pub async fn receive(
     let Some(events) = &state.events else {
         return Err(Problem::NotFound("there is nothing at this path"));
     };
+    // The header first, the body only for a header that passed: a request
+    // without a current signature costs no read and no MAC.
+    let header = req.headers().get("Payrail-Signature").map(|v| v.as_bytes());
+    let signature = events
+        .verifier
+        .check_header(header, unix_now())
+        .map_err(refused)?;
     let bytes = body::read(&req, payload, state.max_body_bytes).await?;
-    let signature = req.headers().get("Payrail-Signature").map(|v| v.as_bytes());
-    if let Err(error) = events.verifier.verify(signature, &bytes, unix_now()) {
-        observe::payrail_event(EventKind::Unverified, EventResult::BadSignature);
-        tracing::warn!(%error, "a Payrail event was refused");
-        return Err(error.into());
-    }
+    events
+        .verifier
+        .verify(&signature, &bytes)
+        .map_err(refused)?;
     let event: Event = body::json(&bytes)?;
     let key = IdempotencyKey::parse(event.id.as_bytes())
         .map_err(|e| Problem::InvalidRequest(format!("the event id is not usable: {e}")))?;
@@ -113,6 +120,12 @@ pub async fn receive(
         observe::payrail_event(kind, EventResult::Duplicate);
     }
     Ok(actix::respond(ran.reply)?)
+}
+
+fn refused(error: SignatureError) -> Problem {
+    observe::payrail_event(EventKind::Unverified, EventResult::BadSignature);
+    tracing::warn!(%error, "a Payrail event was refused");
+    error.into()
 }
 
 fn answer(result: EventResult) -> StoredResponse {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use hmac::digest::CtOutput;
 use hmac::{Hmac, KeyInit, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -21,7 +22,14 @@ use super::ChargeOutcome;
 pub enum SignatureError {
     #[error("the Payrail-Signature header is missing")]
     Missing,
-    #[error("the Payrail-Signature header is not `t=<unix seconds>,v1=<hex>`")]
+    #[error("the Payrail-Signature header is longer than {MAX_HEADER_BYTES} bytes")]
+    TooLong,
+    #[error("the Payrail-Signature header has more than {MAX_SIGNATURES} v1 values")]
+    TooManySignatures,
+    #[error(
+        "the Payrail-Signature header is not `t=<unix seconds>,v1=<64 hex digits>` \
+         (one `t`, up to {MAX_SIGNATURES} `v1`)"
+    )]
     Malformed,
     #[error("the event's signature timestamp is outside the accepted window")]
     Stale,
@@ -29,10 +37,30 @@ pub enum SignatureError {
     Mismatch,
 }
 
+/// Longer than any header Payrail sends (a `t` and a few `v1` of 64 hex
+/// digits each, about 80 bytes apiece): the header is refused before it is
+/// parsed further, so that its size cannot buy an attacker work.
+pub const MAX_HEADER_BYTES: usize = 1024;
+/// Payrail signs with one secret, two while one is being rotated; 4 leaves
+/// room and bounds the comparisons a request can ask for.
+pub const MAX_SIGNATURES: usize = 4;
+
+/// An HMAC-SHA256 as `v1` carries it.
+type Tag = [u8; 32];
+
 /// Checks events against `payrail.webhook_secret`.
 pub struct Verifier {
     secret: SecretString,
     tolerance: Duration,
+}
+
+/// A `Payrail-Signature` that passed every check that does not need the
+/// body: within its bounds, well formed, and current. Only such a header
+/// gets the body read and a MAC computed.
+#[derive(Debug)]
+pub struct Signature {
+    timestamp: u64,
+    candidates: Vec<Tag>,
 }
 
 impl Verifier {
@@ -40,48 +68,79 @@ impl Verifier {
         Self { secret, tolerance }
     }
 
-    /// Whether `body` was signed by Payrail at a time within the tolerance
-    /// of `now` (unix seconds). Any `v1` of the header may match (Payrail
-    /// sends one per secret while a secret is being rotated).
-    pub fn verify(
+    /// The header's checks that cost nothing: present, at most
+    /// [`MAX_HEADER_BYTES`], one `t`, at most [`MAX_SIGNATURES`] `v1` of
+    /// exactly 64 hex digits each, and a `t` within the tolerance of `now`
+    /// (unix seconds). Made before the body is read, so that a request
+    /// without a current signature costs neither the body nor a MAC.
+    pub fn check_header(
         &self,
         header: Option<&[u8]>,
-        body: &[u8],
         now: u64,
-    ) -> Result<(), SignatureError> {
+    ) -> Result<Signature, SignatureError> {
         let header = header.ok_or(SignatureError::Missing)?;
+        if header.len() > MAX_HEADER_BYTES {
+            return Err(SignatureError::TooLong);
+        }
         let header = std::str::from_utf8(header).map_err(|_| SignatureError::Malformed)?;
         let mut timestamp = None;
-        let mut signatures = Vec::new();
+        let mut candidates = Vec::new();
         for part in header.split(',') {
             match part.trim().split_once('=') {
-                Some(("t", t)) => timestamp = t.parse::<u64>().ok(),
-                Some(("v1", hex)) => {
-                    signatures.push(decode_hex(hex).ok_or(SignatureError::Malformed)?)
+                Some(("t", t)) => {
+                    // Two `t` would leave which one was signed to the parser.
+                    if timestamp.is_some() {
+                        return Err(SignatureError::Malformed);
+                    }
+                    timestamp = Some(t.parse::<u64>().map_err(|_| SignatureError::Malformed)?);
                 }
+                Some(("v1", hex)) => {
+                    if candidates.len() == MAX_SIGNATURES {
+                        return Err(SignatureError::TooManySignatures);
+                    }
+                    candidates.push(decode_tag(hex).ok_or(SignatureError::Malformed)?);
+                }
+                // Other schemes (a future `v2`) are Payrail's to add.
                 _ => {}
             }
         }
         let timestamp = timestamp.ok_or(SignatureError::Malformed)?;
-        if signatures.is_empty() {
+        if candidates.is_empty() {
             return Err(SignatureError::Malformed);
         }
         if now.abs_diff(timestamp) > self.tolerance.as_secs() {
             return Err(SignatureError::Stale);
         }
-        let signed = |signature: &Vec<u8>| {
-            // HMAC takes a key of any length, so this cannot fail.
-            let Ok(mut mac) =
-                Hmac::<Sha256>::new_from_slice(self.secret.expose_secret().as_bytes())
-            else {
-                return false;
-            };
-            mac.update(timestamp.to_string().as_bytes());
-            mac.update(b".");
-            mac.update(body);
-            mac.verify_slice(signature).is_ok()
+        Ok(Signature {
+            timestamp,
+            candidates,
+        })
+    }
+
+    /// Whether `body` is what the header signed: any `v1` may match
+    /// (Payrail sends one per secret while a secret is being rotated). One
+    /// MAC over the body whatever the number of `v1`, each compared with it
+    /// in constant time.
+    pub fn verify(&self, signature: &Signature, body: &[u8]) -> Result<(), SignatureError> {
+        // HMAC takes a key of any length, so this cannot fail.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(self.secret.expose_secret().as_bytes())
+        else {
+            return Err(SignatureError::Mismatch);
         };
-        if signatures.iter().any(signed) {
+        mac.update(signature.timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        let expected = mac.finalize();
+        // Every candidate is compared, so the time taken says nothing of
+        // which one matched.
+        let matched = signature
+            .candidates
+            .iter()
+            .fold(false, |matched, candidate| {
+                let candidate = CtOutput::<Hmac<Sha256>>::new((*candidate).into());
+                (expected == candidate) | matched
+            });
+        if matched {
             Ok(())
         } else {
             Err(SignatureError::Mismatch)
@@ -89,14 +148,18 @@ impl Verifier {
     }
 }
 
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
+/// Exactly 64 hex digits (an HMAC-SHA256), else `None`.
+fn decode_tag(hex: &str) -> Option<Tag> {
+    let hex = hex.as_bytes();
+    // `from_str_radix` alone would take a sign (`+f`).
+    if hex.len() != 2 * std::mem::size_of::<Tag>() || !hex.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
-        .collect()
+    let mut tag = Tag::default();
+    for (byte, pair) in tag.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(tag)
 }
 
 /// A verified event, as Payrail sends it.
@@ -195,30 +258,74 @@ mod tests {
     }
 
     // `printf '1700000000.{}' | openssl dgst -sha256 -hmac key`
-    const SIGNED: &str =
-        "t=1700000000,v1=9d713ed406bb7076d4123f0dc2c39d2df5c654ed4b0cd56b52c8b4c940bd63ae";
+    const TAG: &str = "9d713ed406bb7076d4123f0dc2c39d2df5c654ed4b0cd56b52c8b4c940bd63ae";
+    const OTHER_TAG: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    fn verify(header: Option<&str>, body: &[u8], now: u64) -> Result<(), SignatureError> {
+        let verifier = verifier();
+        let signature = verifier.check_header(header.map(str::as_bytes), now)?;
+        verifier.verify(&signature, body)
+    }
 
     #[test]
     fn a_signature_over_timestamp_dot_body_within_the_window_is_believed() {
-        let verify = |header: Option<&str>, body: &[u8], now| {
-            verifier().verify(header.map(str::as_bytes), body, now)
-        };
-        assert!(verify(Some(SIGNED), b"{}", 1_700_000_100).is_ok());
+        let signed = format!("t=1700000000,v1={TAG}");
+        assert!(verify(Some(&signed), b"{}", 1_700_000_100).is_ok());
+        let another_t = format!("t=1700000001,v1={TAG}");
         let cases: [(Option<&str>, &[u8], u64, &str); 6] = [
             (None, b"{}", 1_700_000_000, "missing"),
             (Some("v1=abcd"), b"{}", 1_700_000_000, "no timestamp"),
             (Some("t=1700000000,v1=zz"), b"{}", 1_700_000_000, "not hex"),
-            (Some(SIGNED), b"{} ", 1_700_000_000, "tampered body"),
-            (Some(SIGNED), b"{}", 1_700_000_301, "too old"),
-            (
-                Some("t=1700000001,v1=9d713ed406bb7076d4123f0dc2c39d2df5c654ed4b0cd56b52c8b4c940bd63ae"),
-                b"{}",
-                1_700_000_000,
-                "another timestamp",
-            ),
+            (Some(&signed), b"{} ", 1_700_000_000, "tampered body"),
+            (Some(&signed), b"{}", 1_700_000_301, "too old"),
+            (Some(&another_t), b"{}", 1_700_000_000, "another timestamp"),
         ];
         for (header, body, now, why) in cases {
             assert!(verify(header, body, now).is_err(), "{why}");
         }
+    }
+
+    #[test]
+    fn the_right_tag_among_four_is_believed_wherever_it_is() {
+        for at in 0..MAX_SIGNATURES {
+            let tags: Vec<String> = (0..MAX_SIGNATURES)
+                .map(|i| format!("v1={}", if i == at { TAG } else { OTHER_TAG }))
+                .collect();
+            let header = format!("t=1700000000,{}", tags.join(","));
+            assert!(
+                verify(Some(&header), b"{}", 1_700_000_000).is_ok(),
+                "at {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_past_its_bounds_is_refused_before_the_body_is_looked_at() {
+        let verifier = verifier();
+        let five = format!("t=1700000000{}", format!(",v1={TAG}").repeat(5));
+        let long = format!("t=1700000000,v1={TAG},x={}", "a".repeat(MAX_HEADER_BYTES));
+        let cases: [(&str, &str); 8] = [
+            (&five, "five v1"),
+            (&long, "longer than 1 KiB"),
+            ("t=1700000000,v1=", "an empty v1"),
+            ("t=1700000000,v1=9d71", "a short v1"),
+            (&format!("t=1700000000,v1={TAG}00"), "a long v1"),
+            (&format!("t=1700000000,v1=+{}", &TAG[1..]), "a signed digit"),
+            (&format!("t=1700000000,t=1700000000,v1={TAG}"), "two t"),
+            (&format!("t=,v1={TAG}"), "an empty t"),
+        ];
+        for (header, why) in cases {
+            assert!(
+                verifier
+                    .check_header(Some(header.as_bytes()), 1_700_000_000)
+                    .is_err(),
+                "{why}"
+            );
+        }
+        let exactly = format!("t=1700000000,v1={TAG},x=");
+        let exactly = format!("{exactly}{}", "a".repeat(MAX_HEADER_BYTES - exactly.len()));
+        assert!(verifier
+            .check_header(Some(exactly.as_bytes()), 1_700_000_000)
+            .is_ok());
     }
 }

@@ -33,3 +33,4 @@ mod storm;
 mod takeover;
 mod trace;
 mod waiting;
+mod webhook_bounds;
