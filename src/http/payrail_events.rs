@@ -46,8 +46,9 @@ pub struct PayrailEvents {
     description = "No bearer token: the `Payrail-Signature` header (`t=<unix seconds>,v1=<hex \
         HMAC-SHA256 of \"<t>.<raw body>\">` under `payrail.webhook_secret`) is the proof. \
         `charge.succeeded` / `charge.declined` settle the order named by `reference`, once per \
-        event id; an unknown, already settled or contradicting event is a 200 that changes \
-        nothing. 404 when `payrail.webhook_secret` is not set.",
+        event id; an unknown, already settled or contradicting event, or one for another amount \
+        or currency than its order's, is a 200 that changes nothing. 404 when \
+        `payrail.webhook_secret` is not set.",
     params(("Payrail-Signature" = String, Header,
         description = "`t=<unix seconds>,v1=<hex HMAC-SHA256>`, within \
             `payrail.webhook_tolerance_secs` of now")),
@@ -58,8 +59,8 @@ pub struct PayrailEvents {
             \"idempotency_key\"}}}`"),
     responses(
         (status = 200, description = "Received: `{\"result\": \"applied\" | \"already_settled\" \
-            | \"unknown\" | \"contradicting\"}`; a repeat of the event id replays its first \
-            answer with `Idempotent-Replayed: true`",
+            | \"unknown\" | \"contradicting\" | \"mismatched\"}`; a repeat of the event id \
+            replays its first answer with `Idempotent-Replayed: true`",
             headers(("Idempotent-Replayed" = String, description = "`true` on a repeat"))),
         (status = 400, description = "`webhook-signature-invalid` (a missing, stale or wrong \
             signature, a header longer than 1 KiB, with more than 4 `v1` or a `v1` that is not \

@@ -184,6 +184,8 @@ pub struct EventCharge {
     /// The order the charge was made for (`reference` of the charge).
     pub reference: String,
     pub idempotency_key: String,
+    pub amount_cents: i64,
+    pub currency: String,
 }
 
 /// What an event is about, as the events metric labels it.
@@ -231,6 +233,13 @@ impl Event {
         let charge = &self.data.charge;
         let order_id = Uuid::parse_str(&charge.reference).ok()?;
         (charge.idempotency_key == format!("order-{order_id}")).then_some(order_id)
+    }
+
+    /// Whether the event's charge is for this amount in this currency.
+    /// Currency codes are compared as ISO 4217 means them, in any case.
+    pub fn charges(&self, amount_cents: i64, currency: &str) -> bool {
+        let charge = &self.data.charge;
+        charge.amount_cents == amount_cents && charge.currency.eq_ignore_ascii_case(currency)
     }
 
     /// Payrail's decision, as the charge's own answer would have said it.

@@ -100,6 +100,7 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
             "duplicate",
             "unknown",
             "contradicting",
+            "mismatched",
             "bad_signature",
         ] {
             at_zero.push(format!(

@@ -406,3 +406,63 @@ async fn without_a_webhook_secret_events_are_404() {
     let response = app.post_signed_event(body).await;
     assert_eq!(response.status(), 404);
 }
+
+#[tokio::test]
+async fn a_signed_event_for_another_amount_or_currency_settles_nothing() {
+    let app = spawn_app_with(|s| s.payrail.max_attempts = 1).await;
+    let seats = app.seed("ev", 1, 1_000).await;
+    let (key, hold, charge) = lost_answer_click(&app, seats[0]).await;
+    let order_id = charge["reference"].as_str().unwrap().to_owned();
+    let right = event_body("evt_right", "charge.succeeded", &charge);
+    let reworded = |id: &str, field: &str, value: Value| {
+        let mut event: Value = serde_json::from_slice(&right).unwrap();
+        event["id"] = json!(id);
+        event["data"]["charge"][field] = value;
+        event.to_string().into_bytes()
+    };
+    let cases = [
+        (
+            "a cent less",
+            reworded("evt_less", "amount_cents", json!(999)),
+        ),
+        (
+            "another currency",
+            reworded("evt_eur", "currency", json!("EUR")),
+        ),
+        ("a decline for another amount", {
+            let mut event: Value =
+                serde_json::from_slice(&reworded("evt_declined", "amount_cents", json!(1)))
+                    .unwrap();
+            event["type"] = json!("charge.declined");
+            event.to_string().into_bytes()
+        }),
+    ];
+    for (case, body) in cases {
+        // 200, so that Payrail does not retry an event that will never be
+        // right; stored under its id like any other answer.
+        let response = app.post_signed_event(&body).await;
+        assert_eq!(response.status(), 200, "{case}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["result"], "mismatched", "{case}");
+        assert_eq!(
+            order_status(&app, &order_id).await,
+            "payment_pending",
+            "{case}"
+        );
+        assert_eq!(
+            app.count(&format!(
+                "SELECT count(*) FROM holds WHERE hold_id = {hold} AND order_id = '{order_id}'"
+            ))
+            .await,
+            1,
+            "{case}: the seat is still held by its order"
+        );
+    }
+    // The right event still settles it.
+    let response = app.post_signed_event(&right).await;
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["result"], "applied");
+    let retry = retry_waiting(&app, &app.address, &key, hold, "pm_card_visa").await;
+    assert_eq!(retry.status(), 201);
+    assert_invariants(&app).await;
+}

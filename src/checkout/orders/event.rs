@@ -8,7 +8,7 @@
 use uuid::Uuid;
 
 use super::settle::Settlement;
-use super::{Order, OrderStatus, Orders};
+use super::{load, Order, OrderStatus, Orders, COLUMNS};
 use crate::checkout::CheckoutError;
 use crate::payrail::{ChargeOutcome, Event};
 
@@ -25,18 +25,21 @@ pub enum EventResult {
     Unknown,
     /// Its charge contradicts how the order was settled; nothing changed.
     Contradicting,
+    /// Its charge's amount or currency is not the order's; nothing changed.
+    Mismatched,
     /// Not believed: missing, wrong or stale signature; nothing written.
     BadSignature,
 }
 
 impl EventResult {
     /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [EventResult; 6] = [
+    pub const ALL: [EventResult; 7] = [
         EventResult::Applied,
         EventResult::AlreadySettled,
         EventResult::Duplicate,
         EventResult::Unknown,
         EventResult::Contradicting,
+        EventResult::Mismatched,
         EventResult::BadSignature,
     ];
 
@@ -47,6 +50,7 @@ impl EventResult {
             EventResult::Duplicate => "duplicate",
             EventResult::Unknown => "unknown",
             EventResult::Contradicting => "contradicting",
+            EventResult::Mismatched => "mismatched",
             EventResult::BadSignature => "bad_signature",
         }
     }
@@ -58,11 +62,32 @@ impl Orders {
         let (Some(order_id), Some(outcome)) = (event.order_id(), event.outcome()) else {
             return Ok(EventResult::Unknown);
         };
-        let Some(user_id) = self.buyer_of(order_id).await? else {
+        let Some(order) = self.order_of(order_id).await? else {
             return Ok(EventResult::Unknown);
         };
+        if !event.charges(order.amount_cents, &order.currency) {
+            // A signed event for another sum is Payrail's error or a leaked
+            // secret, never a reason to sell seats. It is answered 200 and
+            // stored under its id like any other event: the event will not
+            // change, so a 4xx/5xx would only have Payrail retry it for
+            // days. The order stays pending, and reconciliation settles it
+            // by Payrail's answer to the order's own charge.
+            tracing::error!(
+                %order_id,
+                event_id = %event.id,
+                order_amount_cents = order.amount_cents,
+                order_currency = %order.currency,
+                event_amount_cents = event.data.charge.amount_cents,
+                event_currency = %event.data.charge.currency,
+                "a Payrail event's amount or currency is not its order's; nothing changed"
+            );
+            return Ok(EventResult::Mismatched);
+        }
         Ok(
-            match self.settle_unclaimed(&user_id, order_id, &outcome).await? {
+            match self
+                .settle_unclaimed(&order.user_id, order_id, &outcome)
+                .await?
+            {
                 Settlement::Applied(_) => EventResult::Applied,
                 Settlement::Already(order) if agrees(&order, &outcome) => {
                     EventResult::AlreadySettled
@@ -84,23 +109,25 @@ impl Orders {
         )
     }
 
-    /// The buyer of an order known by its id alone, as events name it: from
-    /// the order's holds while they name it (until the order is declined or
-    /// failed), else from the order. On Citus the holds are the
-    /// coordinator's, and the orders are split by buyer, so that a lookup
-    /// by the order's id alone asks every shard: it is the fallback.
-    async fn buyer_of(&self, order_id: Uuid) -> Result<Option<String>, CheckoutError> {
+    /// An order known by its id alone, as events name it: by its buyer as
+    /// the order's holds name them (until the order is declined or failed),
+    /// else by its id. On Citus the holds are the coordinator's, and the
+    /// orders are split by buyer, so that a lookup by the order's id alone
+    /// asks every shard: it is the fallback.
+    async fn order_of(&self, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
         let client = self.pool.get().await?;
-        for sql in [
-            "SELECT user_id FROM holds WHERE order_id = $1 LIMIT 1",
-            "SELECT user_id FROM orders WHERE order_id = $1",
-        ] {
-            let statement = client.prepare_cached(sql).await?;
-            if let Some(row) = client.query_opt(&statement, &[&order_id]).await? {
-                return Ok(Some(row.try_get(0)?));
-            }
+        let held_by = client
+            .prepare_cached("SELECT user_id FROM holds WHERE order_id = $1 LIMIT 1")
+            .await?;
+        if let Some(row) = client.query_opt(&held_by, &[&order_id]).await? {
+            let user_id: String = row.try_get(0)?;
+            return Ok(load(&client, &user_id, order_id).await?);
         }
-        Ok(None)
+        let by_id = client
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
+            .await?;
+        let row = client.query_opt(&by_id, &[&order_id]).await?;
+        Ok(row.map(|row| Order::from_row(&row)).transpose()?)
     }
 }
 
