@@ -97,6 +97,9 @@ impl Application {
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
+        // The head's share of `http.request_timeout_secs`; the body's is
+        // `http::body::read`'s.
+        .client_request_timeout(settings.http.request_timeout())
         .listen(listener)?;
         if settings.server.workers > 0 {
             server = server.workers(settings.server.workers);
@@ -198,6 +201,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         max_wait_secs: settings.idempotency.max_wait_secs,
         hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
         max_body_bytes: settings.http.max_body_bytes,
+        request_timeout: settings.http.request_timeout(),
         events,
     })
 }

@@ -190,6 +190,9 @@ pub struct HoldSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
+    /// How long a request's head, then its body, may take to arrive: a
+    /// slower one is answered 408 `request-timeout` (or closed).
+    pub request_timeout_secs: u64,
     /// Browser origins allowed by CORS.
     pub cors_origins: Vec<String>,
 }
@@ -279,6 +282,12 @@ impl PayrailSettings {
     }
     pub fn webhook_tolerance(&self) -> Duration {
         Duration::from_secs(self.webhook_tolerance_secs)
+    }
+}
+
+impl HttpSettings {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
     }
 }
 

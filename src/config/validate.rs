@@ -6,6 +6,8 @@ use secrecy::ExposeSecret;
 
 use super::{ConfigError, Settings};
 
+const MAX_REQUEST_TIMEOUT_SECS: u64 = 300;
+
 impl Settings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: &str| {
@@ -54,7 +56,15 @@ impl Settings {
                 );
             }
         }
-        let at_least_one: [(&'static str, u64); 12] = [
+        // A stalled client keeps a socket and a buffer this long: beyond a
+        // few minutes the bound no longer protects anyone.
+        if self.http.request_timeout_secs > MAX_REQUEST_TIMEOUT_SECS {
+            return invalid(
+                "http.request_timeout_secs",
+                &format!("must be at most {MAX_REQUEST_TIMEOUT_SECS}"),
+            );
+        }
+        let at_least_one: [(&'static str, u64); 13] = [
             (
                 "limits.new_keys_per_sec",
                 self.limits.new_keys_per_sec.into(),
@@ -76,6 +86,7 @@ impl Settings {
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("holds.ttl_secs", self.holds.ttl_secs),
             ("http.max_body_bytes", self.http.max_body_bytes as u64),
+            ("http.request_timeout_secs", self.http.request_timeout_secs),
         ];
         for (key, value) in at_least_one {
             if value == 0 {

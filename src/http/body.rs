@@ -1,6 +1,7 @@
-//! Request bodies: read up to `http.max_body_bytes` (413 beyond), keep the
-//! exact bytes for the request hash, parse JSON into a typed request (400
-//! `invalid-request` for anything else).
+//! Request bodies: read up to `http.max_body_bytes` (413 beyond) within
+//! `http.request_timeout_secs` (408 beyond), keep the exact bytes for the
+//! request hash, parse JSON into a typed request (400 `invalid-request` for
+//! anything else).
 
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -9,8 +10,27 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::problem::Problem;
+use super::AppState;
 
+/// The whole body, or the refusal. actix bounds only the time a head takes
+/// to arrive; without this deadline a client that sends a head and then a
+/// byte now and then would keep a socket and a growing buffer for as long
+/// as it likes. Every handler reads its body before it claims a key or
+/// writes anything, so a request that runs out of time has changed nothing.
 pub async fn read(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<Bytes, Problem> {
+    tokio::time::timeout(
+        state.request_timeout,
+        collect(req, payload, state.max_body_bytes),
+    )
+    .await
+    .map_err(|_| Problem::RequestTimeout(state.request_timeout))?
+}
+
+async fn collect(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,

@@ -70,6 +70,9 @@ struct HoldRequest {
             headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),
+        (status = 408, description = "`request-timeout`: the body did not arrive within \
+            `http.request_timeout_secs`; nothing was claimed or written, retry with the same \
+            key", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency-key-reused`: the key was sent with another request",
             body = ProblemDetails, content_type = "application/problem+json"),
         super::openapi::ServerFailures,
@@ -82,7 +85,7 @@ pub async fn create(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let key = idempotent::key(&req)?;
-    let bytes = body::read(&req, payload, state.max_body_bytes).await?;
+    let bytes = body::read(&req, payload, &state).await?;
     let request: HoldRequest = body::json(&bytes)?;
     let Some(key) = key else {
         // Every unkeyed hold is a new intent: limited like a new key.

@@ -48,6 +48,8 @@ pub struct AppState {
     pub max_wait_secs: u64,
     pub hold_ttl: Duration,
     pub max_body_bytes: usize,
+    /// How long a body may take to arrive (`http.request_timeout_secs`).
+    pub request_timeout: Duration,
     /// Payrail's events; `None` (404) without `payrail.webhook_secret`.
     pub events: Option<payrail_events::PayrailEvents>,
 }

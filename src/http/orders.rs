@@ -84,6 +84,9 @@ pub struct OrderRequest {
             headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
         (status = 413, description = "`payload-too-large`", body = ProblemDetails,
             content_type = "application/problem+json"),
+        (status = 408, description = "`request-timeout`: the body did not arrive within \
+            `http.request_timeout_secs`; nothing was claimed or written, retry with the same \
+            key", body = ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "`invalid-order` (no holds, a hold twice, a malformed \
             payment method) or `idempotency-key-reused` (the key was sent with another request)",
             body = ProblemDetails, content_type = "application/problem+json",
@@ -107,7 +110,7 @@ pub async fn create(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let key = idempotent::key(&req)?.ok_or(Problem::KeyMissing)?;
-    let bytes = body::read(&req, payload, state.max_body_bytes).await?;
+    let bytes = body::read(&req, payload, &state).await?;
     let OrderRequest {
         hold_ids,
         payment_method,

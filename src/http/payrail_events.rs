@@ -66,6 +66,9 @@ pub struct PayrailEvents {
             signature, a header longer than 1 KiB, with more than 4 `v1` or a `v1` that is not \
             64 hex digits, or a tampered body) or `invalid-request`; nothing is written",
             body = super::problem::ProblemDetails, content_type = "application/problem+json"),
+        (status = 408, description = "`request-timeout`: the body did not arrive within \
+            `http.request_timeout_secs`; nothing was written",
+            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
         (status = 404, description = "`not-found`: events are off (no `payrail.webhook_secret`)",
             body = super::problem::ProblemDetails, content_type = "application/problem+json"),
         (status = 409, description = "`request-in-progress`: the same event is being applied \
@@ -89,7 +92,7 @@ pub async fn receive(
         .verifier
         .check_header(header, unix_now())
         .map_err(refused)?;
-    let bytes = body::read(&req, payload, state.max_body_bytes).await?;
+    let bytes = body::read(&req, payload, &state).await?;
     events
         .verifier
         .verify(&signature, &bytes)

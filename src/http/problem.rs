@@ -45,6 +45,10 @@ pub enum Problem {
     /// 413 `payload-too-large`.
     #[error("the body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// 408 `request-timeout`: the body did not arrive in time; nothing was
+    /// claimed or written.
+    #[error("the request's body did not arrive within {} s", .0.as_secs())]
+    RequestTimeout(Duration),
     /// 422 `idempotency-key-reused`: the key was first sent with another request.
     #[error("this Idempotency-Key was already used for a different request")]
     KeyReused,
@@ -160,6 +164,11 @@ impl Problem {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
                 "Payload too large",
+            ),
+            RequestTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request-timeout",
+                "Request timeout",
             ),
             KeyReused => (
                 StatusCode::UNPROCESSABLE_ENTITY,

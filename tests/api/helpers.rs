@@ -378,6 +378,12 @@ impl TestApp {
 /// Sends raw bytes over a new connection and returns the raw answer (for
 /// what an HTTP client library will not send: chunked bodies, odd headers).
 pub async fn raw_http(port: u16, request: &[u8]) -> String {
+    raw_http_within(port, request, Duration::from_secs(5)).await
+}
+
+/// [`raw_http`], giving up on a silent server after `patience` (for the
+/// answers that come only after a server-side timeout).
+pub async fn raw_http_within(port: u16, request: &[u8], patience: Duration) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -387,7 +393,7 @@ pub async fn raw_http(port: u16, request: &[u8]) -> String {
     let mut buf = [0u8; 8192];
     // Read until the server closes or the answer's body is complete.
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+        match tokio::time::timeout(patience, stream.read(&mut buf)).await {
             Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
             Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
         }

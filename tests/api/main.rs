@@ -29,6 +29,7 @@ mod redis_gate;
 mod routing;
 mod seats;
 mod security;
+mod slow_requests;
 mod storm;
 mod takeover;
 mod trace;

@@ -273,6 +273,17 @@ test('429 rate-limited (nothing written for the key) waits its Retry-After, same
   assert.equal(service.calls[1].headers.get('Idempotency-Key'), c.key);
 });
 
+test('408 request-timeout (the request did not arrive whole, nothing written) is retried, same key and body', async () => {
+  const { clock, service, seen, click } = setup([json(408, problem('request-timeout', 408)), json(201, ORDER)]);
+  const c = click();
+  const answer = await clock.run(c.order(pay));
+  assert.equal(answer.status, 201);
+  assert.equal(answer.attempts, 2);
+  assert.notEqual(seen[0].retryInMs, null);
+  assert.equal(service.calls[1].headers.get('Idempotency-Key'), c.key);
+  assert.equal(service.calls[1].body, service.calls[0].body);
+});
+
 test('a 503\'s Retry-After (the breaker is open) is a floor under the backoff', async () => {
   const { clock, seen, click } = setup([
     json(503, problem('payment-unavailable', 503), { 'Retry-After': '30' }), json(201, ORDER),

@@ -111,8 +111,8 @@ export interface ClickOptions {
  * same key, anything else rejects with a `TypeError`. A new act is a new
  * `Click`.
  *
- * Retried with the same key: timeouts, network errors, 5xx, 409
- * request-in-progress and 429 (after `Retry-After`). Everything else is the
+ * Retried with the same key: timeouts, network errors, 5xx, 408
+ * request-timeout, 409 request-in-progress and 429 (after `Retry-After`). Everything else is the
  * answer. Rejects with `NoAnswerError` when the deadline or the attempt cap
  * comes first.
  */

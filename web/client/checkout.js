@@ -15,7 +15,8 @@
  *
  * Retried, always with the same key and the same body bytes, because none of
  * them is an answer to the click: an attempt with no answer in time, a
- * network error, a 5xx (the service stored nothing, or is still settling),
+ * network error, a 5xx (the service stored nothing, or is still settling), a
+ * 408 `request-timeout` (the request did not arrive whole; nothing was written),
  * a 409 `request-in-progress` (after its `Retry-After`) and a 429
  * `rate-limited` (after its `Retry-After`; nothing was written for the key).
  * Every other status is the answer and is returned, never retried: 201, 402
@@ -101,7 +102,7 @@ export class Click {
     let failures = 0;
     for (let n = 1; ; n += 1) {
       const attempt = await this.#attempt(path, body, Math.min(o.timeoutMs, deadline - o.now()));
-      if (attempt.error || attempt.status >= 500) failures += 1;
+      if (isLost(attempt)) failures += 1;
       const delay = retryDelay(attempt, failures, o);
       const last = delay === null || n >= o.maxAttempts || o.now() + delay >= deadline;
       attempt.retryInMs = last ? null : Math.round(delay);
@@ -238,7 +239,7 @@ function newKey() {
  * and 5xx so far, this one included.
  */
 function retryDelay(attempt, failures, o) {
-  if (attempt.error || attempt.status >= 500) {
+  if (isLost(attempt)) {
     // Capped exponential backoff with full jitter: clients that failed
     // together (a Payrail outage) do not come back together. A 503's
     // Retry-After (the breaker is open) is a floor.
@@ -248,6 +249,14 @@ function retryDelay(attempt, failures, o) {
   // The service says when: it knows better than any backoff.
   if (isNotYet(attempt)) return retryAfterMs(attempt.retryAfter, o.now()) ?? RETRY_AFTER_FALLBACK_MS;
   return null;
+}
+
+/**
+ * No answer from the service: none in time, a network error, a 5xx, or a 408
+ * (the request did not reach it whole, so nothing was written for the key).
+ */
+function isLost(attempt) {
+  return Boolean(attempt.error) || attempt.status >= 500 || attempt.status === 408;
 }
 
 /** Not an answer yet, says the service: in progress, or rate-limited before the key was written. */
