@@ -25,6 +25,7 @@ use crate::http::payrail_events::PayrailEvents;
 use crate::http::{self, AppState};
 use crate::jobs::Jobs;
 use crate::payrail;
+use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
 
 /// The demo event a fresh local run offers.
@@ -196,6 +197,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         engine,
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
         limit,
+        readiness: Readiness::new(pool.clone()),
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,

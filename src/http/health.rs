@@ -39,7 +39,9 @@ pub async fn healthz() -> HttpResponse {
     description = "200 when a pooled database connection answers and, with an identity \
         provider configured, its signing keys were fetched once; 503 `service-unavailable` \
         while the database is out of reach or no key set was ever fetched, so that a load \
-        balancer sends this instance no traffic until it can serve. No token.",
+        balancer sends this instance no traffic until it can serve. No token. The database \
+        is asked at most once at a time, and an outcome answers for a second: concurrent \
+        callers share one check, and never hold more than one pooled connection.",
     security(),
     responses(
         (status = 200, description = "The database answers", body = Health),
@@ -50,7 +52,8 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem>
     if !state.verifier.has_keys() {
         return Err(Problem::KeysUnavailable);
     }
-    let client = state.pool.get().await?;
-    client.simple_query("SELECT 1").await?;
+    if !state.readiness.database_answers().await {
+        return Err(Problem::NotReady);
+    }
     Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

@@ -29,6 +29,7 @@ use idempotency::Engine;
 
 use crate::auth::Verifier;
 use crate::checkout::orders::Orders;
+use crate::readiness::Readiness;
 use problem::Problem;
 
 pub use auth::Buyer;
@@ -37,6 +38,8 @@ pub use orders::answer as order_answer;
 /// What every handler may use; built once per instance.
 pub struct AppState {
     pub pool: Pool,
+    /// `/readyz`'s database check, shared by concurrent callers.
+    pub readiness: Readiness,
     pub engine: Engine,
     /// The per-buyer limit on new intents, shared with the engine (which
     /// applies it to keyed requests); unkeyed `POST /holds` asks it directly.

@@ -88,6 +88,10 @@ pub enum Problem {
     /// 503 `service-unavailable`, with `Retry-After: 1`: the database is out of reach.
     #[error("the service is temporarily unavailable")]
     ServiceUnavailable(#[source] DbError),
+    /// 503 `service-unavailable`, with `Retry-After: 1`: `/readyz`'s shared
+    /// database check, at most a second old, found no database.
+    #[error("the database did not answer the readiness check")]
+    NotReady,
     /// 503 `service-unavailable`, with `Retry-After`: the identity provider's
     /// keys were never fetched, so no provider token can be checked yet.
     #[error("the identity provider's signing keys are not available yet; retry shortly")]
@@ -217,7 +221,7 @@ impl Problem {
                 "payment-unavailable",
                 "Payment unavailable",
             ),
-            ServiceUnavailable(_) | KeysUnavailable => (
+            ServiceUnavailable(_) | NotReady | KeysUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service-unavailable",
                 "Service unavailable",
@@ -265,7 +269,7 @@ impl Problem {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Problem::RequestInProgress | Problem::ServiceUnavailable(_) => {
+            Problem::RequestInProgress | Problem::ServiceUnavailable(_) | Problem::NotReady => {
                 Some(Duration::from_secs(1))
             }
             // The key set is fetched again every 10 s while it is missing.
