@@ -414,6 +414,24 @@ mod tests {
         assert!(settings.validate().is_ok());
     }
 
+    #[test]
+    fn the_request_timeout_is_between_one_second_and_five_minutes() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        assert_eq!(settings.http.request_timeout_secs, 10);
+        for bad in [0, 301] {
+            settings.http.request_timeout_secs = bad;
+            let err = settings.validate().unwrap_err();
+            assert!(
+                err.to_string().contains("http.request_timeout_secs"),
+                "{bad}: {err}"
+            );
+        }
+        for good in [1, 300] {
+            settings.http.request_timeout_secs = good;
+            assert!(settings.validate().is_ok(), "{good}");
+        }
+    }
+
     /// A config dir of its own with these files (the built-in layers under them).
     fn dir_with(test: &str, files: &[(&str, &str)]) -> PathBuf {
         let dir =
