@@ -93,14 +93,20 @@ impl Application {
                 .wrap(http::cors::cors(&cors_origins))
                 .wrap(http::bare_refusals_as_problems())
                 .wrap(from_fn(telemetry::log_request))
+                .wrap(from_fn(http::watch::track))
                 .app_data(state.clone())
                 .configure(http::routes)
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
-        // The head's share of `http.request_timeout_secs`; the body's is
-        // `http::body::read`'s.
+        // `http.request_timeout_secs` for the head of a connection's first
+        // request; `http::watch` bounds the heads of the next ones, and
+        // `http::body::read` every body.
         .client_request_timeout(settings.http.request_timeout())
+        .keep_alive(http::watch::KEEP_ALIVE)
+        .on_connect(http::watch::on_connect(
+            http::watch::KEEP_ALIVE + settings.http.request_timeout(),
+        ))
         .listen(listener)?;
         if settings.server.workers > 0 {
             server = server.workers(settings.server.workers);

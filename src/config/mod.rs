@@ -190,8 +190,10 @@ pub struct HoldSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
-    /// How long a request's head, then its body, may take to arrive: a
-    /// slower one is answered 408 `request-timeout` (or closed).
+    /// How long a request's head (from its first byte; on a reused
+    /// connection up to `http::watch::KEEP_ALIVE` more), then its body, may
+    /// take to arrive: a slower one is answered 408 `request-timeout` (or
+    /// closed).
     pub request_timeout_secs: u64,
     /// Browser origins allowed by CORS.
     pub cors_origins: Vec<String>,

@@ -15,6 +15,7 @@ mod orders;
 pub mod payrail_events;
 pub mod problem;
 mod seats;
+pub mod watch;
 
 use std::time::Duration;
 

@@ -108,3 +108,30 @@ async fn a_stalled_head_is_answered_408_or_closed() {
         "{answer:?}"
     );
 }
+
+#[tokio::test]
+async fn the_next_head_on_a_reused_connection_cannot_stall_for_ever() {
+    let app = slow_app().await;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", app.port))
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).ends_with(r#"{"status":"ok"}"#) {
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.expect("the first answer");
+        assert!(n > 0, "closed before the first answer");
+        first.extend_from_slice(&buf[..n]);
+    }
+    // The connection is kept open; the next head starts, then stalls.
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the server closed the connection: {read:?}");
+}
