@@ -21,6 +21,7 @@ use std::time::Duration;
 use actix_web::body::MessageBody;
 use actix_web::dev::{Extensions, ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// How long actix keeps a silent connection open between requests: its
@@ -34,6 +35,9 @@ pub struct Watch {
     /// When the connection was accepted or last answered; `None` while a
     /// request is in the service.
     idle_since: Mutex<Option<Instant>>,
+    /// Dropped with the connection, which ends its patrol at once: a flood
+    /// of short connections leaves no timers behind.
+    _closed: oneshot::Sender<()>,
 }
 
 impl Watch {
@@ -63,18 +67,20 @@ pub fn on_connect(deadline: Duration) -> impl Fn(&dyn Any, &mut Extensions) + Se
         let Ok(socket) = stream.as_fd().try_clone_to_owned() else {
             return;
         };
+        let (closed_tx, closed) = oneshot::channel();
         let watch = Arc::new(Watch {
             socket: TcpStream::from(socket),
             idle_since: Mutex::new(Some(Instant::now())),
+            _closed: closed_tx,
         });
-        actix_web::rt::spawn(patrol(Arc::downgrade(&watch), deadline));
+        actix_web::rt::spawn(patrol(Arc::downgrade(&watch), deadline, closed));
         extensions.insert(watch);
     }
 }
 
 /// Wakes at most once per `deadline` while the connection lives, and ends
 /// with it.
-async fn patrol(watch: Weak<Watch>, deadline: Duration) {
+async fn patrol(watch: Weak<Watch>, deadline: Duration, mut closed: oneshot::Receiver<()>) {
     loop {
         // The watch is held only between sleeps: its descriptor must close
         // when the connection does.
@@ -92,7 +98,10 @@ async fn patrol(watch: Weak<Watch>, deadline: Duration) {
                 None => Instant::now() + deadline,
             }
         };
-        tokio::time::sleep_until(next).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            _ = &mut closed => return,
+        }
     }
 }
 
