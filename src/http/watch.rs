@@ -1,16 +1,15 @@
 //! The head deadline actix leaves out. actix times the head of a
-//! connection's first request only (`client_request_timeout`): on a reused
-//! (keep-alive) connection, the next request's head could come a byte at a
-//! time for ever and hold the socket. So each connection is watched: a
-//! second handle on its socket, and when it was accepted or last answered.
-//! One whose next request has not reached the service
-//! [`KEEP_ALIVE`] + `http.request_timeout_secs` after that is shut down.
-//! actix closes a connection that stays silent for [`KEEP_ALIVE`], so a
-//! request cut this way began within it: it had at least
-//! `http.request_timeout_secs` from its first byte, and at most
-//! [`KEEP_ALIVE`] more. Bodies have their deadline in `body::read`. The
-//! cost: a second descriptor per open connection, far below any
-//! container's limit.
+//! connection's first request only (`client_request_timeout`, from its
+//! first byte): on a reused (keep-alive) connection, the next request's head
+//! could come a byte at a time for ever and hold the socket. So each
+//! connection is watched: a second descriptor of its socket, and when it
+//! was accepted or last answered. One whose next request has not reached
+//! the service [`KEEP_ALIVE`] + `http.request_timeout_secs` after that is
+//! shut down, whether it sent part of a head or nothing at all. actix closes
+//! a reused connection that stays silent for [`KEEP_ALIVE`], so a request
+//! cut there had at least `http.request_timeout_secs` from its first byte,
+//! and at most [`KEEP_ALIVE`] more. Bodies have their deadline in
+//! `body::read`. The cost: a second descriptor per open connection.
 
 use std::any::Any;
 use std::net::{Shutdown, TcpStream};
