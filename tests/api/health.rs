@@ -84,7 +84,8 @@ async fn a_flood_of_readiness_calls_shares_a_few_database_checks() {
         let others: i64 = client
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                   AND backend_type = 'client backend'",
                 &[],
             )
             .await
