@@ -405,6 +405,29 @@ mod tests {
         assert!(settings.validate().is_ok());
     }
 
+    #[test]
+    fn clock_tolerances_are_bounded() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        let refused = |settings: &Settings, key: &str| {
+            let err = settings.validate().unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        };
+        settings.auth.leeway_secs = 301;
+        refused(&settings, "auth.leeway_secs");
+        settings.auth.leeway_secs = 300;
+        assert!(settings.validate().is_ok());
+        settings.auth.leeway_secs = 0;
+        assert!(settings.validate().is_ok());
+        for bad in [0, 901, u64::MAX] {
+            settings.payrail.webhook_tolerance_secs = bad;
+            refused(&settings, "payrail.webhook_tolerance_secs");
+        }
+        for good in [1, 900] {
+            settings.payrail.webhook_tolerance_secs = good;
+            assert!(settings.validate().is_ok());
+        }
+    }
+
     /// A config dir of its own with these files (the built-in layers under them).
     fn dir_with(test: &str, files: &[(&str, &str)]) -> PathBuf {
         let dir =

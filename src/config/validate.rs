@@ -82,6 +82,18 @@ impl Settings {
                 return invalid(key, "must be at least 1");
             }
         }
+        // Leeway is for clocks that disagree by seconds; beyond five minutes
+        // it is a longer token lifetime than the provider issued, and an
+        // expired (say, leaked and revoked by expiry) token keeps working.
+        if self.auth.leeway_secs > 300 {
+            return invalid("auth.leeway_secs", "must be at most 300");
+        }
+        // Whoever captures a signed event can replay it for this long; 0
+        // would refuse every event whose clock is a second off. Fifteen
+        // minutes covers any clock that is still set, no more.
+        if !(1..=900).contains(&self.payrail.webhook_tolerance_secs) {
+            return invalid("payrail.webhook_tolerance_secs", "must be from 1 to 900");
+        }
         Ok(())
     }
 
