@@ -126,7 +126,8 @@ pub struct PayrailSettings {
     pub timeout_ms: u64,
     /// Attempts per charge, all with the same key.
     pub max_attempts: u32,
-    /// Consecutive failed attempts that open the circuit breaker.
+    /// Failed attempts in a row that open the circuit breaker, one buyer's
+    /// counting for at most half (rounded up): one buyer never opens it alone.
     pub breaker_failures: u32,
     pub breaker_open_secs: u64,
     /// The secret Payrail signs its events with; empty = `POST
