@@ -186,6 +186,9 @@ pub struct ReconcileSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HoldSettings {
     pub ttl_secs: u64,
+    /// A buyer's live holds on one event that no order has taken yet, at
+    /// most, across instances; one more is `409 hold-limit-reached`.
+    pub max_per_buyer: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -280,6 +283,15 @@ impl PayrailSettings {
     }
     pub fn webhook_tolerance(&self) -> Duration {
         Duration::from_secs(self.webhook_tolerance_secs)
+    }
+}
+
+impl HoldSettings {
+    pub fn policy(&self) -> crate::checkout::holds::HoldPolicy {
+        crate::checkout::holds::HoldPolicy {
+            ttl: Duration::from_secs(self.ttl_secs),
+            max_per_buyer: self.max_per_buyer,
+        }
     }
 }
 

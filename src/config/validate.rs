@@ -54,7 +54,7 @@ impl Settings {
                 );
             }
         }
-        let at_least_one: [(&'static str, u64); 12] = [
+        let at_least_one: [(&'static str, u64); 13] = [
             (
                 "limits.new_keys_per_sec",
                 self.limits.new_keys_per_sec.into(),
@@ -75,6 +75,7 @@ impl Settings {
             ("idempotency.lease_secs", self.idempotency.lease_secs),
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("holds.ttl_secs", self.holds.ttl_secs),
+            ("holds.max_per_buyer", self.holds.max_per_buyer.into()),
             ("http.max_body_bytes", self.http.max_body_bytes as u64),
         ];
         for (key, value) in at_least_one {

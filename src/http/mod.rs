@@ -16,8 +16,6 @@ pub mod payrail_events;
 pub mod problem;
 mod seats;
 
-use std::time::Duration;
-
 use actix_web::body::MessageBody;
 use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{self, HeaderValue};
@@ -46,7 +44,7 @@ pub struct AppState {
     pub verifier: Verifier,
     /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).
     pub max_wait_secs: u64,
-    pub hold_ttl: Duration,
+    pub holds: crate::checkout::holds::HoldPolicy,
     pub max_body_bytes: usize,
     /// Payrail's events; `None` (404) without `payrail.webhook_secret`.
     pub events: Option<payrail_events::PayrailEvents>,
