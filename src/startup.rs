@@ -207,7 +207,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,
-        hold_ttl: Duration::from_secs(settings.holds.ttl_secs),
+        holds: settings.holds.policy(),
         max_body_bytes: settings.http.max_body_bytes,
         request_timeout: settings.http.request_timeout(),
         events,

@@ -163,10 +163,11 @@ fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, 
             },
         ),
         ("STAGEDOOR__DATABASE__POOL_SIZE", "8"),
-        // The chaos load clicks far faster than a person; the limit is not
-        // what this run is about.
+        // The chaos load clicks far faster than a person; the per-buyer
+        // limits (new clicks, live holds) are not what this run is about.
         ("STAGEDOOR__LIMITS__NEW_KEYS_PER_SEC", "1000000"),
         ("STAGEDOOR__LIMITS__BURST", "1000000"),
+        ("STAGEDOOR__HOLDS__MAX_PER_BUYER", "1000000"),
         ("STAGEDOOR__DATABASE__POOL_TIMEOUT_MS", "2000"),
         ("STAGEDOOR__SERVER__HOST", "127.0.0.1"),
         ("STAGEDOOR__SERVER__WORKERS", "2"),

@@ -159,6 +159,7 @@ fn attacked_settings(bench: &Bench) -> Settings {
     settings.payrail.breaker_failures = shipped.payrail.breaker_failures;
     settings.payrail.breaker_open_secs = shipped.payrail.breaker_open_secs;
     settings.limits = shipped.limits.clone();
+    settings.holds.max_per_buyer = shipped.holds.max_per_buyer;
     settings
 }
 

@@ -51,7 +51,7 @@ pub async fn place(
     payment_method: &str,
 ) -> Result<StoredResponse, String> {
     NewOrder::parse(hold_ids.clone(), payment_method).map_err(|e| e.to_string())?;
-    payrail.ready().map_err(|e| e.to_string())?;
+    payrail.ready(user_id).map_err(|e| e.to_string())?;
     let order_id = Uuid::new_v4();
     let row = {
         let client = pool.get().await.map_err(|e| e.to_string())?;
@@ -77,7 +77,7 @@ pub async fn place(
         reference: order_id,
     };
     let outcome = payrail
-        .charge(order_id, &charge)
+        .charge(user_id, order_id, &charge)
         .await
         .map_err(|e| e.to_string())?;
     let client = pool.get().await.map_err(|e| e.to_string())?;

@@ -1,5 +1,6 @@
 //! Holds: a buyer's claim on a seat until it expires or is ordered. The
-//! exclusion constraint `holds_one_per_seat` decides who gets a seat.
+//! exclusion constraint `holds_one_per_seat` decides who gets a seat, and
+//! `checkout_place_hold` (migrations/V8) how many a buyer may hold.
 
 use std::time::Duration;
 
@@ -20,6 +21,16 @@ pub struct Hold {
     pub expires_at: String,
 }
 
+/// How holds are given.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldPolicy {
+    /// How long a hold keeps its seat.
+    pub ttl: Duration,
+    /// A buyer's live holds on one event that no order has taken yet, at
+    /// most: so that one buyer cannot hold a whole event.
+    pub max_per_buyer: u32,
+}
+
 /// How a hold is answered to the request that made it: the HTTP layer's to
 /// say, handed in so that the answer commits together with the hold.
 pub type Answer = fn(&Hold) -> StoredResponse;
@@ -31,12 +42,12 @@ pub async fn place_claimed(
     pool: &Pool,
     claim: &Claim,
     seat_id: i64,
-    ttl: Duration,
+    policy: HoldPolicy,
     answer: Answer,
 ) -> Result<Done, CheckoutError> {
     let mut client = pool.get().await?;
     let unit = claim.unit(&mut client).await?;
-    let hold = match place(unit.tx(), &claim.user_id, seat_id, ttl).await {
+    let hold = match place(unit.tx(), &claim.user_id, seat_id, policy).await {
         Ok(hold) => hold,
         Err(refused) => {
             unit.rollback().await?;
@@ -48,41 +59,46 @@ pub async fn place_claimed(
     Ok(Done::stored(unit.finish(fence).await?, response))
 }
 
-/// Holds a seat for `ttl`: `SeatUnavailable` when a live hold or an order
-/// has it, `NoSuchSeat` when there is no such seat. Runs on whatever client
-/// it is given: a keyed request's unit, so that the hold commits together
-/// with its stored answer, or a plain connection.
+/// Holds a seat for `policy.ttl`: `SeatUnavailable` when a live hold or an
+/// order has it, `NoSuchSeat` when there is no such seat,
+/// `HoldLimitReached` (nothing written) when the buyer already has
+/// `policy.max_per_buyer` live unordered holds on its event, counted in
+/// the database across instances. Runs on whatever client it is given: a
+/// keyed request's unit, so that the hold commits together with its stored
+/// answer, or a plain connection. One call either way.
 ///
 /// Buyers racing for one seat queue on the seat's row lock first: the first
 /// inserts its hold, and each next one finds it committed and is refused at
 /// once. Without the queue every racer's exclusion check would wait for the
 /// others, and PostgreSQL's deadlock detector would untangle them one per
-/// `deadlock_timeout` (1 s): k racers, up to k-1 seconds.
+/// `deadlock_timeout` (1 s): k racers, up to k-1 seconds. One buyer's holds
+/// on one event then queue on a lock of their own, so that two racing at
+/// the limit cannot both pass.
 pub async fn place(
     client: &impl GenericClient,
     buyer: &str,
     seat_id: i64,
-    ttl: Duration,
+    policy: HoldPolicy,
 ) -> Result<Hold, CheckoutError> {
     let statement = client
         .prepare_cached(
-            "WITH seat AS (
-                 SELECT seat_id FROM seats WHERE seat_id = $1 FOR NO KEY UPDATE
-             )
-             INSERT INTO holds (seat_id, user_id, expires_at)
-             SELECT seat_id, $2, now() + make_interval(secs => $3) FROM seat
-             RETURNING hold_id, expires_at",
+            "SELECT new_hold_id, new_expires_at, over_limit
+             FROM checkout_place_hold($1, $2, $3, $4)",
         )
         .await?;
-    match client
-        .query_opt(&statement, &[&seat_id, &buyer, &ttl.as_secs_f64()])
-        .await
-    {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
+        &seat_id,
+        &buyer,
+        &policy.ttl.as_secs_f64(),
+        &i64::from(policy.max_per_buyer),
+    ];
+    match client.query_opt(&statement, &params).await {
         Ok(None) => Err(CheckoutError::NoSuchSeat),
+        Ok(Some(row)) if row.try_get("over_limit")? => Err(CheckoutError::HoldLimitReached),
         Ok(Some(row)) => {
-            let expires_at: OffsetDateTime = row.try_get("expires_at")?;
+            let expires_at: OffsetDateTime = row.try_get("new_expires_at")?;
             Ok(Hold {
-                hold_id: row.try_get("hold_id")?,
+                hold_id: row.try_get("new_hold_id")?,
                 seat_id,
                 expires_at: super::rfc3339(expires_at),
             })

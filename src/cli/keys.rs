@@ -48,7 +48,9 @@ pub enum KeysCommand {
     /// request with it is a new click.
     ///
     /// Refuses a key in progress, or whose order is still payment_pending:
-    /// forgotten then, a retry of the click could charge a second time.
+    /// forgotten then, a retry of the click could charge a second time. Also
+    /// refuses, until the key expires, one whose order was declined or
+    /// failed: its answer is what keeps a retry from charging again.
     ///
     /// Exit status: 0 deleted, 1 no such key, 2 refused (the key stays), 3 failed.
     Purge {
@@ -95,7 +97,8 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
         }
         KeysCommand::Purge { click } => {
             let (user, key) = (click.user.as_str(), &click.key);
-            match inspect::purge(&mut client, policy, user, key, orders::SETTLING).await? {
+            let (settling, rearms) = (orders::SETTLING, orders::REARMS);
+            match inspect::purge(&mut client, policy, user, key, settling, rearms).await? {
                 Purge::Purged(report) => {
                     print(&Document::of(&client, &click, Some(&report), false).await?)?;
                     FOUND
@@ -142,6 +145,21 @@ fn why(refusal: Refusal, document: &Document) -> String {
             "its order {order} is still payment_pending (Payrail's answer is not in yet); \
              forgotten now, a retry of the click could charge a second time"
         ),
+        Refusal::Rearms => {
+            let (status, expires_at) = document.row.as_ref().map_or(("?", "?"), |row| {
+                let status = row
+                    .effect
+                    .as_ref()
+                    .and_then(|effect| effect.order.as_ref())
+                    .map_or("?", |order| order.status.as_str());
+                (status, row.expires_at.as_str())
+            });
+            format!(
+                "its order {order} was {status}, and its answer is what tells a retry of the \
+                 click so; forgotten now, the retry would make a new order and charge again. \
+                 It can be purged once it expires at {expires_at}"
+            )
+        }
     }
 }
 

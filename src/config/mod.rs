@@ -126,7 +126,8 @@ pub struct PayrailSettings {
     pub timeout_ms: u64,
     /// Attempts per charge, all with the same key.
     pub max_attempts: u32,
-    /// Consecutive failed attempts that open the circuit breaker.
+    /// Failed attempts in a row that open the circuit breaker, one buyer's
+    /// counting for at most half (rounded up): one buyer never opens it alone.
     pub breaker_failures: u32,
     pub breaker_open_secs: u64,
     /// The secret Payrail signs its events with; empty = `POST
@@ -185,6 +186,9 @@ pub struct ReconcileSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HoldSettings {
     pub ttl_secs: u64,
+    /// A buyer's live holds on one event that no order has taken yet, at
+    /// most, across instances; one more is `409 hold-limit-reached`.
+    pub max_per_buyer: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -290,6 +294,15 @@ impl PayrailSettings {
 impl HttpSettings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+}
+
+impl HoldSettings {
+    pub fn policy(&self) -> crate::checkout::holds::HoldPolicy {
+        crate::checkout::holds::HoldPolicy {
+            ttl: Duration::from_secs(self.ttl_secs),
+            max_per_buyer: self.max_per_buyer,
+        }
     }
 }
 
@@ -431,6 +444,29 @@ mod tests {
         for good in [1, 300] {
             settings.http.request_timeout_secs = good;
             assert!(settings.validate().is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn clock_tolerances_are_bounded() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        let refused = |settings: &Settings, key: &str| {
+            let err = settings.validate().unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        };
+        settings.auth.leeway_secs = 301;
+        refused(&settings, "auth.leeway_secs");
+        settings.auth.leeway_secs = 300;
+        assert!(settings.validate().is_ok());
+        settings.auth.leeway_secs = 0;
+        assert!(settings.validate().is_ok());
+        for bad in [0, 901, u64::MAX] {
+            settings.payrail.webhook_tolerance_secs = bad;
+            refused(&settings, "payrail.webhook_tolerance_secs");
+        }
+        for good in [1, 900] {
+            settings.payrail.webhook_tolerance_secs = good;
+            assert!(settings.validate().is_ok());
         }
     }
 

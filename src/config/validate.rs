@@ -64,7 +64,7 @@ impl Settings {
                 &format!("must be at most {MAX_REQUEST_TIMEOUT_SECS}"),
             );
         }
-        let at_least_one: [(&'static str, u64); 13] = [
+        let at_least_one: [(&'static str, u64); 14] = [
             (
                 "limits.new_keys_per_sec",
                 self.limits.new_keys_per_sec.into(),
@@ -85,6 +85,7 @@ impl Settings {
             ("idempotency.lease_secs", self.idempotency.lease_secs),
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("holds.ttl_secs", self.holds.ttl_secs),
+            ("holds.max_per_buyer", self.holds.max_per_buyer.into()),
             ("http.max_body_bytes", self.http.max_body_bytes as u64),
             ("http.request_timeout_secs", self.http.request_timeout_secs),
         ];
@@ -92,6 +93,18 @@ impl Settings {
             if value == 0 {
                 return invalid(key, "must be at least 1");
             }
+        }
+        // Leeway is for clocks that disagree by seconds; beyond five minutes
+        // it is a longer token lifetime than the provider issued, and an
+        // expired (say, leaked and revoked by expiry) token keeps working.
+        if self.auth.leeway_secs > 300 {
+            return invalid("auth.leeway_secs", "must be at most 300");
+        }
+        // Whoever captures a signed event can replay it for this long; 0
+        // would refuse every event whose clock is a second off. Fifteen
+        // minutes covers any clock that is still set, no more.
+        if !(1..=900).contains(&self.payrail.webhook_tolerance_secs) {
+            return invalid("payrail.webhook_tolerance_secs", "must be from 1 to 900");
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! The reference checkout page at `/demo/`: one static HTML file,
 //! compiled in, public. It holds no secret and reaches no data by itself; the
-//! API calls it makes carry the bearer token the buyer pastes (or hands over
-//! with `?token=`), so it needs no authentication of its own.
+//! API calls it makes carry the bearer token the buyer pastes, so it needs
+//! no authentication of its own. It takes no token from its address: a link
+//! must not be able to sign a visitor in as someone else.
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse};
@@ -10,7 +11,7 @@ const PAGE: &str = include_str!("../../web/demo/index.html");
 
 /// The page may run its own inline script and style, import this origin's
 /// client module (`/client/checkout.js`) and call this origin's API, nothing
-/// else; a `?token=` in its address never leaves in a Referer.
+/// else.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self' 'unsafe-inline'; \
     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
     form-action 'none'; frame-ancestors 'none'";
@@ -27,7 +28,7 @@ pub async fn page() -> HttpResponse {
 }
 
 /// `GET /demo`: a permanent redirect to `/demo/` (the page has one address),
-/// the query string kept so that `?token=` survives.
+/// the query string kept so that `?event=` and `?timeout=` survive.
 pub async fn redirect(req: HttpRequest) -> HttpResponse {
     let location = match req.query_string() {
         "" => "/demo/".to_owned(),

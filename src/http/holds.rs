@@ -55,8 +55,9 @@ struct HoldRequest {
             content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"))),
-        (status = 409, description = "`seat-unavailable` (another live hold or an order has it) \
-            or `request-in-progress` (with `Retry-After`)",
+        (status = 409, description = "`seat-unavailable` (another live hold or an order has it), \
+            `hold-limit-reached` (the buyer has `holds.max_per_buyer` live holds on the event \
+            that no order has taken; nothing written) or `request-in-progress` (with `Retry-After`)",
             body = ProblemDetails, content_type = "application/problem+json",
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
@@ -94,12 +95,12 @@ pub async fn create(
             .take(buyer.0.as_str())
             .map_err(|retry_after| Problem::RateLimited { retry_after })?;
         let client = state.pool.get().await?;
-        let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.hold_ttl).await?;
+        let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.holds).await?;
         return Ok(idempotency::actix::response_of(&answer(&hold), false));
     };
-    let (pool, ttl) = (&state.pool, state.hold_ttl);
+    let (pool, policy) = (&state.pool, state.holds);
     idempotent::run(&state, &buyer.0, key, &req, &bytes, |claim| async move {
-        holds::place_claimed(pool, &claim, request.seat_id, ttl, answer).await
+        holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await
     })
     .await
 }

@@ -17,8 +17,6 @@ pub mod problem;
 mod seats;
 pub mod watch;
 
-use std::time::Duration;
-
 use actix_web::body::MessageBody;
 use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{self, HeaderValue};
@@ -50,7 +48,7 @@ pub struct AppState {
     pub verifier: Verifier,
     /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).
     pub max_wait_secs: u64,
-    pub hold_ttl: Duration,
+    pub holds: crate::checkout::holds::HoldPolicy,
     pub max_body_bytes: usize,
     /// How long a body may take to arrive (`http.request_timeout_secs`).
     pub request_timeout: Duration,

@@ -62,6 +62,10 @@ pub enum Problem {
     /// 409 `seat-unavailable`.
     #[error("this seat is held by someone else or already sold")]
     SeatUnavailable,
+    /// 409 `hold-limit-reached`: the buyer holds `holds.max_per_buyer` seats
+    /// of the event already; nothing was written.
+    #[error("you already hold as many seats of this event as one buyer may")]
+    HoldLimitReached,
     /// 409 `hold-unavailable`.
     #[error("a hold is unknown, not yours, expired or already in another order")]
     HoldUnavailable,
@@ -190,6 +194,11 @@ impl Problem {
                 "Rate limited",
             ),
             SeatUnavailable => (StatusCode::CONFLICT, "seat-unavailable", "Seat unavailable"),
+            HoldLimitReached => (
+                StatusCode::CONFLICT,
+                "hold-limit-reached",
+                "Hold limit reached",
+            ),
             HoldUnavailable => (StatusCode::CONFLICT, "hold-unavailable", "Hold unavailable"),
             InvalidOrder(_) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -337,6 +346,7 @@ impl From<CheckoutError> for Problem {
         match error {
             CheckoutError::NoSuchSeat => Problem::NotFound("there is no seat with this seat_id"),
             CheckoutError::SeatUnavailable => Problem::SeatUnavailable,
+            CheckoutError::HoldLimitReached => Problem::HoldLimitReached,
             CheckoutError::HoldUnavailable => Problem::HoldUnavailable,
             CheckoutError::InvalidOrder(why) => Problem::InvalidOrder(why),
             CheckoutError::Payment(error) => error.into(),

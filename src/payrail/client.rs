@@ -140,23 +140,25 @@ impl Client {
         })
     }
 
-    /// Refuses at once while the breaker is open, so that a checkout can fail
-    /// before it writes anything.
-    pub fn ready(&self) -> Result<(), PaymentError> {
-        match self.breaker.is_open() {
+    /// Refuses at once while the breaker is open to `buyer`, so that a
+    /// checkout can fail before it writes anything.
+    pub fn ready(&self, buyer: &str) -> Result<(), PaymentError> {
+        match self.breaker.is_open(buyer) {
             Some(retry_after) => Err(PaymentError::Unavailable { retry_after }),
             None => Ok(()),
         }
     }
 
-    /// A buyer's click: its attempts feed the breaker and are refused by it.
+    /// A buyer's click: its attempts feed the breaker and are refused by it,
+    /// as `buyer`'s (the breaker does not let one buyer open it alone).
     #[tracing::instrument(name = "payrail charge", skip_all, fields(%order_id))]
     pub async fn charge(
         &self,
+        buyer: &str,
         order_id: Uuid,
         charge: &Charge,
     ) -> Result<ChargeOutcome, PaymentError> {
-        self.charge_with(order_id, charge, Some(&self.breaker))
+        self.charge_with(order_id, charge, Some((&self.breaker, buyer)))
             .await
     }
 
@@ -179,7 +181,7 @@ impl Client {
         &self,
         order_id: Uuid,
         charge: &Charge,
-        breaker: Option<&Breaker>,
+        breaker: Option<(&Breaker, &str)>,
     ) -> Result<ChargeOutcome, PaymentError> {
         let key = format!("order-{order_id}");
         let body = serde_json::to_vec(charge).map_err(|_| PaymentError::Unavailable {
@@ -187,17 +189,17 @@ impl Client {
         })?;
         let mut timed_out = false;
         for attempt in 1..=self.max_attempts {
-            if let Some(Err(retry_after)) = breaker.map(Breaker::allow) {
+            if let Some(Err(retry_after)) = breaker.map(|(b, buyer)| b.allow(buyer)) {
                 observe::breaker_rejected();
                 return Err(PaymentError::Unavailable { retry_after });
             }
             match self.attempt(&key, &body).await {
                 Attempt::Decided(outcome) => {
-                    breaker.inspect(|b| b.record_success());
+                    breaker.inspect(|(b, _)| b.record_success());
                     return Ok(outcome);
                 }
                 Attempt::Failed { timed_out: t } => {
-                    breaker.inspect(|b| b.record_failure());
+                    breaker.inspect(|(b, buyer)| b.record_failure(buyer));
                     timed_out = t;
                     tracing::warn!(attempt, timed_out, "payrail attempt failed");
                 }
@@ -354,7 +356,8 @@ mod tests {
             payment_method: "pm_card_ok".to_owned(),
             reference: Uuid::new_v4(),
         };
-        let sent = tokio::spawn(async move { client.charge(charge.reference, &charge).await });
+        let sent =
+            tokio::spawn(async move { client.charge("alice", charge.reference, &charge).await });
         // 0x16 opens a TLS handshake record: the ClientHello.
         assert_eq!(first_byte.await.unwrap(), 0x16);
         assert!(sent.await.unwrap().is_err());

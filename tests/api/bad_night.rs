@@ -116,19 +116,23 @@ async fn the_breaker_opens_after_consecutive_failures_and_closes_after_a_good_pr
         s.payrail.max_attempts = 2;
     })
     .await;
-    let seats = app.seed("show", 2, 2500).await;
-    let (a, b) = (
+    let seats = app.seed("show", 3, 2500).await;
+    let (a, c, b) = (
         app.hold("alice", seats[0]).await,
-        app.hold("bob", seats[1]).await,
+        app.hold("carol", seats[1]).await,
+        app.hold("bob", seats[2]).await,
     );
     app.set_faults(json!({"error_rate": 1.0})).await;
 
-    let first = Seen::of(
-        app.post_order("alice", &new_key(), &[a], "pm_card_visa")
-            .await,
-    )
-    .await;
-    assert_eq!(first.problem(), "payment-unavailable");
+    // Payrail fails for two buyers: that is Payrail, not one buyer's card.
+    for (buyer, hold) in [("alice", a), ("carol", c)] {
+        let failed = Seen::of(
+            app.post_order(buyer, &new_key(), &[hold], "pm_card_visa")
+                .await,
+        )
+        .await;
+        assert_eq!(failed.problem(), "payment-unavailable", "{buyer}");
+    }
 
     // Payrail is healthy again, but the breaker is open: answered at once
     // without calling Payrail (a call would have charged), and since nothing
@@ -154,6 +158,60 @@ async fn the_breaker_opens_after_consecutive_failures_and_closes_after_a_good_pr
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let healed = Seen::of(app.post_order("bob", &key, &[b], "pm_card_visa").await).await;
     assert_eq!((healed.status, healed.replayed), (201, false));
+    assert_invariants(&app).await;
+}
+
+/// One buyer whose card makes Payrail fail (`pm_card_error`), click after
+/// click: alone they never open the breaker, and another buyer's click with
+/// a good card is charged. Failures of several buyers still open it.
+#[tokio::test]
+async fn one_buyer_failing_click_after_click_never_opens_the_breaker_for_the_others() {
+    let app = spawn_app_with(|s| {
+        s.payrail.breaker_failures = 5;
+        s.payrail.breaker_open_secs = 60;
+        s.payrail.max_attempts = 3;
+    })
+    .await;
+    let seats = app.seed("show", 8, 2500).await;
+    let fail = |buyer: &'static str, seat: i64| {
+        let app = &app;
+        async move {
+            let hold = app.hold(buyer, seat).await;
+            let failed = Seen::of(
+                app.post_order(buyer, &new_key(), &[hold], "pm_card_error")
+                    .await,
+            )
+            .await;
+            assert_eq!(failed.status, 503, "{buyer}");
+            assert_eq!(failed.problem(), "payment-unavailable", "{buyer}");
+        }
+    };
+    // Four clicks of three failed attempts each: twelve failures.
+    for &seat in &seats[..4] {
+        fail("mallory", seat).await;
+    }
+    let hold = app.hold("alice", seats[4]).await;
+    let paid = Seen::of(
+        app.post_order("alice", &new_key(), &[hold], "pm_card_visa")
+            .await,
+    )
+    .await;
+    assert_eq!(paid.status, 201, "{:?}", paid.slug);
+    assert_eq!(paid.json()["status"], "paid");
+
+    fail("mallory", seats[5]).await;
+    fail("carol", seats[6]).await;
+    let hold = app.hold("bob", seats[7]).await;
+    let refused = Seen::of(
+        app.post_order("bob", &new_key(), &[hold], "pm_card_visa")
+            .await,
+    )
+    .await;
+    assert_eq!(refused.status, 503, "two buyers' failures opened it");
+    assert_eq!(refused.problem(), "payment-unavailable");
+    assert!(refused.retry_after.is_some());
+    let ledger = app.charges().await;
+    assert_eq!(ledger.len(), 1, "Alice's charge alone: {ledger:?}");
     assert_invariants(&app).await;
 }
 

@@ -194,3 +194,18 @@ async fn head_answers_the_files_and_the_demo_page_like_get_without_a_body() {
         assert!(head.bytes().await.unwrap().is_empty(), "{path}: no body");
     }
 }
+
+/// A link to `/demo/?token=…` must not sign its visitor in as the link's
+/// maker (whose holds and orders the visitor would then pay for): the page
+/// served reads no token from its address, and its help text offers none.
+#[tokio::test]
+async fn the_demo_page_takes_no_token_from_its_address() {
+    let app = spawn_app().await;
+    let response = get(&app, "/demo/?token=someone-elses", None).await;
+    assert_eq!(response.status(), 200);
+    let page = response.text().await.expect("the page");
+    assert!(page.contains("sessionStorage"), "the token is kept per tab");
+    for read in ["get('token')", "has('token')", "?token="] {
+        assert!(!page.contains(read), "the page still reads `{read}`");
+    }
+}

@@ -84,6 +84,8 @@ pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
     // the per-buyer limit is tested on its own (limits.rs).
     settings.limits.new_keys_per_sec = UNLIMITED;
     settings.limits.burst = UNLIMITED;
+    // So do buyers' live holds, tested on their own (holds.rs).
+    settings.holds.max_per_buyer = UNLIMITED;
     settings
 }
 
@@ -496,6 +498,10 @@ impl TestApp {
                 s.limits.new_keys_per_sec.to_string(),
             ),
             ("STAGEDOOR__LIMITS__BURST", s.limits.burst.to_string()),
+            (
+                "STAGEDOOR__HOLDS__MAX_PER_BUYER",
+                s.holds.max_per_buyer.to_string(),
+            ),
             ("STAGEDOOR__DEMO__SEED", "false".into()),
             ("STAGEDOOR__PAYRAIL__SANDBOX", "false".into()),
             ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::sync::Barrier;
 
-use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen};
+use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen, TestApp};
 use crate::invariants::assert_invariants;
 
 #[tokio::test]
@@ -126,4 +126,149 @@ async fn a_buyer_can_release_only_their_own_unordered_holds() {
         .await
         .unwrap();
     assert_eq!(not_a_number.status(), 404);
+}
+
+/// `holds.max_per_buyer` for the tests below that do not race.
+const LIMIT: u32 = 3;
+
+async fn limited_app(max_per_buyer: u32) -> TestApp {
+    spawn_app_with(|s| s.holds.max_per_buyer = max_per_buyer).await
+}
+
+async fn holds_of(app: &TestApp, buyer: &str) -> i64 {
+    let client = app.db.client().await;
+    client
+        .query_one("SELECT count(*) FROM holds WHERE user_id = $1", &[&buyer])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+fn assert_hold_limit_reached(seen: &Seen, why: &str) {
+    assert_eq!(seen.status, 409, "{why}");
+    assert_eq!(seen.problem(), "hold-limit-reached", "{why}");
+    let body = seen.json();
+    assert_eq!(body["status"], 409, "{why}");
+    assert!(body["detail"].is_string(), "{why}");
+}
+
+/// One buyer could hold every seat of an event, re-holding each as it
+/// expired: past `holds.max_per_buyer` live holds on one event the next is
+/// refused, writes nothing, and other buyers and events are untouched.
+#[tokio::test]
+async fn a_hold_past_the_buyers_limit_on_an_event_is_409_and_writes_nothing() {
+    let app = limited_app(LIMIT).await;
+    let seats = app.seed("show", 5, 1000).await;
+    for &seat in &seats[..3] {
+        app.hold("mallory", seat).await;
+    }
+    let refused = Seen::of(app.post_hold("mallory", seats[3], None).await).await;
+    assert_hold_limit_reached(&refused, "unkeyed");
+    assert_eq!(holds_of(&app, "mallory").await, 3);
+
+    // A keyed hold stores the refusal like any 4xx: its retry replays it.
+    let key = new_key();
+    let first = Seen::of(app.post_hold("mallory", seats[3], Some(&key)).await).await;
+    assert_hold_limit_reached(&first, "keyed");
+    assert!(!first.replayed);
+    let retry = Seen::of(app.post_hold("mallory", seats[3], Some(&key)).await).await;
+    assert_hold_limit_reached(&retry, "the keyed retry");
+    assert!(retry.replayed && retry.body == first.body);
+    assert_eq!(holds_of(&app, "mallory").await, 3);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE response_status = 409")
+            .await,
+        1
+    );
+
+    // The seat is still free for anyone else; another event is not limited.
+    app.hold("alice", seats[3]).await;
+    let other = app.seed("matinee", 1, 1000).await;
+    app.hold("mallory", other[0]).await;
+    assert_invariants(&app).await;
+}
+
+#[tokio::test]
+async fn holds_taken_by_an_order_or_expired_or_released_do_not_count() {
+    let app = limited_app(LIMIT).await;
+    let seats = app.seed("show", 7, 1000).await;
+    let held: Vec<i64> = {
+        let mut held = Vec::new();
+        for &seat in &seats[..3] {
+            held.push(app.hold("alice", seat).await);
+        }
+        held
+    };
+    let paid = Seen::of(
+        app.post_order("alice", &new_key(), &held[..2], "pm_card_visa")
+            .await,
+    )
+    .await;
+    assert_eq!(paid.status, 201);
+    // Two are in an order now: two more may be held, not three.
+    app.hold("alice", seats[3]).await;
+    let last = app.hold("alice", seats[4]).await;
+    let refused = Seen::of(app.post_hold("alice", seats[5], None).await).await;
+    assert_hold_limit_reached(&refused, "three live holds again");
+
+    assert_eq!(app.delete_hold("alice", last).await.status(), 204);
+    app.hold("alice", seats[5]).await;
+
+    // Let every unordered hold of hers run out.
+    let client = app.db.client().await;
+    client
+        .execute(
+            "UPDATE holds SET expires_at = created_at + interval '1 millisecond'
+             WHERE user_id = 'alice' AND order_id IS NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    app.hold("alice", seats[6]).await;
+    assert_invariants(&app).await;
+}
+
+/// Concurrent holds of one buyer at the limit, on one instance or two
+/// (the count is the database's): exactly `max_per_buyer` get through.
+async fn race_to_the_limit(apps: &[Arc<TestApp>], max_per_buyer: u32, racers: usize) {
+    let seats = apps[0].seed("rush", racers as u32, 1000).await;
+    let barrier = Arc::new(Barrier::new(racers));
+    let mut tasks = Vec::new();
+    for (i, &seat) in seats.iter().enumerate() {
+        let (app, barrier) = (apps[i % apps.len()].clone(), barrier.clone());
+        // Keyed and unkeyed holds alike.
+        let key = (i % 2 == 0).then(new_key);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            Seen::of(app.post_hold("mallory", seat, key.as_deref()).await).await
+        }));
+    }
+    let mut held = 0;
+    for task in tasks {
+        let seen = task.await.unwrap();
+        match seen.status {
+            201 => held += 1,
+            _ => assert_hold_limit_reached(&seen, "a racer past the limit"),
+        }
+    }
+    assert_eq!(held, max_per_buyer);
+    assert_eq!(
+        holds_of(&apps[0], "mallory").await,
+        i64::from(max_per_buyer)
+    );
+    assert_invariants(&apps[0]).await;
+}
+
+#[tokio::test]
+async fn a_buyers_holds_racing_at_the_limit_end_with_exactly_the_limit() {
+    // The shipped default.
+    let app = Arc::new(limited_app(10).await);
+    race_to_the_limit(&[app], 10, 32).await;
+}
+
+#[tokio::test]
+async fn the_limit_holds_across_instances_on_one_database() {
+    let first = limited_app(LIMIT).await;
+    let second = first.another_instance().await;
+    race_to_the_limit(&[Arc::new(first), Arc::new(second)], LIMIT, 16).await;
 }

@@ -280,7 +280,8 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
             hold.hold_id.to_string().into_bytes(),
         )
     }
-    let done = holds::place_claimed(&db.pool, &keyed, seats[0], POLICY.lease, hold_answer)
+    let policy = app.settings.holds.policy();
+    let done = holds::place_claimed(&db.pool, &keyed, seats[0], policy, hold_answer)
         .await
         .expect("the keyed hold");
     assert!(matches!(done, idempotency::Done::Stored(_)), "{done:?}");

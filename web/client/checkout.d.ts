@@ -33,7 +33,8 @@ export interface Hold {
 /**
  * The service's answer to a click: what the first attempt that got an answer
  * saw. A 201 has `T` as its body; any other status (402 payment-declined,
- * 409 hold-unavailable or seat-unavailable, 422 invalid-order, 401 ...) a
+ * 409 hold-unavailable, seat-unavailable or hold-limit-reached, 422
+ * invalid-order, 401 ...) a
  * `Problem`.
  */
 export interface Answer<T> {

@@ -9,6 +9,8 @@
 //! effect is still settling (a payment without an answer yet), would let a
 //! retry of the same click make a second effect: [`purge`] refuses both, and
 //! the database decides it, not the caller: the `DELETE` re-checks all of it.
+//! So, until it expires, does an answered key whose answer is all that stops
+//! its retry from acting again (a declined payment), as the caller says.
 //!
 //! Every statement that touches one key names `user_id` and `key`. A purge
 //! notifies every instance's answer cache in its transaction.
@@ -163,6 +165,34 @@ impl Settling {
     }
 }
 
+/// When an answered key must outlive a purge until it expires, in the
+/// caller's words: a boolean SQL expression over the key row `k` (`k.key`,
+/// `k.created_at`, and its scope `k.user_id`, named as for [`Settling`])
+/// that [`purge`] evaluates in its own statements. For an answer that is all
+/// that keeps a retry of the click from acting again: a declined payment,
+/// whose retry with the key forgotten would charge. Past its TTL the key is
+/// a new intent anyway, so the purge takes it then. A NULL counts as true.
+#[derive(Debug, Clone, Copy)]
+pub struct Rearms(&'static str);
+
+impl Rearms {
+    /// For a caller whose answers, once given, can be forgotten.
+    pub const NEVER: Rearms = Rearms("false");
+
+    pub const fn when(sql: &'static str) -> Self {
+        Self(sql)
+    }
+
+    /// True (never NULL) when the key is answered and forgetting it would
+    /// let a retry act again.
+    fn of_key_in(self, scope: &str) -> String {
+        format!(
+            "COALESCE(k.response_status IS NOT NULL AND ({}), true)",
+            self.0.replace("k.user_id", scope)
+        )
+    }
+}
+
 /// Why a key was not purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -174,6 +204,10 @@ pub enum Refusal {
     /// same click would make a second effect next to the first.
     #[error("the effect the key links is still settling")]
     Settling,
+    /// Answered, within its TTL, and its answer is what stops a retry of
+    /// the click from acting again ([`Rearms`]).
+    #[error("the key's answer is what keeps a retry of its click from acting again")]
+    Rearms,
 }
 
 /// How a purge ended.
@@ -187,8 +221,9 @@ pub enum Purge {
     Absent,
 }
 
-/// Deletes the key of `user_id` if it is answered or expired and the effect
-/// it links is not `settling`; else says why not.
+/// Deletes the key of `user_id` if it is answered or expired, the effect
+/// it links is not `settling`, and (while it is live) its answer does not
+/// `rearm` the click once forgotten; else says why not.
 ///
 /// One transaction. It first locks the key row and reads it, so that no
 /// request can change it meanwhile (link an effect, take it over, store an
@@ -202,11 +237,13 @@ pub async fn purge(
     user_id: &str,
     key: &IdempotencyKey,
     settling: Settling,
+    rearms: Rearms,
 ) -> Result<Purge, Error> {
     let tx = client.transaction().await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&user_id, &key.as_str(), &ttl_secs(policy)];
     let guard = settling.of_key_in("$1");
+    let rearms = rearms.of_key_in("$1");
     let locked = format!(
         "SELECT {REPORT} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2
@@ -226,7 +263,8 @@ pub async fn purge(
          WHERE k.user_id = $1 AND k.key = $2
            AND (k.response_status IS NOT NULL
                 OR k.created_at <= now() - make_interval(secs => $3))
-           AND NOT {guard}"
+           AND NOT {guard}
+           AND (k.created_at <= now() - make_interval(secs => $3) OR NOT {rearms})"
     );
     if tx.execute(&delete, &params).await? == 1 {
         // Every instance's answer cache drops the key when this commits.
@@ -239,13 +277,16 @@ pub async fn purge(
         return Ok(Purge::Purged(report));
     }
     let why = format!(
-        "SELECT {guard} FROM idempotency_keys AS k
+        "SELECT {guard}, {rearms} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2"
     );
-    let settling: bool = tx.query_one(&why, &params[..2]).await?.try_get(0)?;
+    let why = tx.query_one(&why, &params[..2]).await?;
+    let (settling, rearms): (bool, bool) = (why.try_get(0)?, why.try_get(1)?);
     tx.rollback().await?;
     let refusal = if settling {
         Refusal::Settling
+    } else if rearms {
+        Refusal::Rearms
     } else {
         Refusal::InProgress
     };

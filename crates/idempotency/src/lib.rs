@@ -152,7 +152,7 @@ pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunErro
 pub use error::{is_unavailable, Error};
 pub use fingerprint::RequestHash;
 pub use gate::Gate;
-pub use inspect::{KeyReport, KeyState, Purge, Refusal, Settling, Stats};
+pub use inspect::{KeyReport, KeyState, Purge, Rearms, Refusal, Settling, Stats};
 pub use key::{IdempotencyKey, KeyError};
 pub use layout::Layout;
 pub use limit::Limit;

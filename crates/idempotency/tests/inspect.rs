@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
-use idempotency::inspect::{self, KeyState, Purge, Refusal, Settling};
+use idempotency::inspect::{self, KeyState, Purge, Rearms, Refusal, Settling};
 use idempotency::{
     Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Layout, Policy, Reply,
     RequestHash, StoredResponse,
@@ -20,6 +20,10 @@ const LEASE: Duration = Duration::from_secs(30);
 /// A toy effect that settles later: a row per effect, pending until settled.
 const PENDING: Settling =
     Settling::when("EXISTS (SELECT 1 FROM effects e WHERE e.id = k.effect AND NOT e.settled)");
+
+/// A toy answer that is all that stops its click from acting again (as a
+/// declined payment is): here, any answer of a key named `declined-…`.
+const DECLINED: Rearms = Rearms::when("k.key LIKE 'declined-%'");
 
 struct Toy {
     _db: Arc<TestDatabase>,
@@ -124,7 +128,7 @@ impl Toy {
 
     async fn purge(&self, ttl: Duration, user: &str, k: &str) -> Purge {
         let mut client = self.pool.get().await.unwrap();
-        inspect::purge(&mut client, policy(ttl), user, &key(k), PENDING)
+        inspect::purge(&mut client, policy(ttl), user, &key(k), PENDING, DECLINED)
             .await
             .unwrap()
     }
@@ -224,6 +228,27 @@ async fn a_purged_answer_is_gone_and_the_next_request_with_its_key_is_a_new_inte
 
     let again = toy.claimed(DAY, "alice", "k-1").await;
     assert_eq!(again.kind, ClaimKind::First, "a new intent, not a replay");
+}
+
+#[tokio::test]
+async fn an_answer_that_rearms_its_click_once_forgotten_stays_until_it_expires() {
+    let toy = toy().await;
+    toy.answered(DAY, "alice", "declined-1", b"{}").await;
+    let refused = toy.purge(DAY, "alice", "declined-1").await;
+    assert!(
+        matches!(refused, Purge::Refused(Refusal::Rearms, ref report)
+            if report.state == KeyState::Answered),
+        "{refused:?}"
+    );
+    assert!(toy.show(DAY, "alice", "declined-1").await.is_some());
+
+    // Past its TTL a retry with it is a new intent anyway: purged.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let ttl = Duration::from_secs(1);
+    assert!(matches!(
+        toy.purge(ttl, "alice", "declined-1").await,
+        Purge::Purged(ref report) if report.state == KeyState::Expired
+    ));
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@ impl Orders {
             None => {
                 // Fail before writing anything while Payrail is known to be
                 // down: the key is then released and a retry starts afresh.
-                self.payrail.ready()?;
+                self.payrail.ready(&claim.user_id)?;
                 match self.create(claim, request).await? {
                     Some(order) => order,
                     None => return Ok(Done::Fenced),
@@ -38,7 +38,10 @@ impl Orders {
             // Settled already (by reconciliation): nothing left to make.
             return Ok(Done::Answer((self.answer)(&order)));
         }
-        let outcome = self.payrail.charge(order.order_id, &order.charge()).await?;
+        let outcome = self
+            .payrail
+            .charge(&order.user_id, order.order_id, &order.charge())
+            .await?;
         settle::claimed(self, order, &outcome, claim).await
     }
 

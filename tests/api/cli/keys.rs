@@ -1,6 +1,7 @@
 //! `stagedoor-checkout keys show|purge|stats`, run as the real binary on the
 //! test app's database: what a support session sees of a paid click, of one
-//! whose payment is still settling, and of a key that is not there.
+//! whose payment is still settling, and of a key that is not there; which
+//! purges are refused because the click would charge again.
 
 use std::time::Duration;
 
@@ -201,6 +202,67 @@ async fn purge_refuses_a_click_in_progress_or_settling_and_its_key_stays() {
         refused.stderr
     );
     assert_eq!(key_rows(&app, &settling).await, 1);
+}
+
+/// A declined click's holds go back to the buyer, and its stored 402 is all
+/// that stops a retry from ordering them again: forgotten, the retry would
+/// make a second order and a second charge the buyer was told would not
+/// happen. Refused while the key lives; once expired the retry is a new
+/// click anyway, and the purge goes through.
+#[tokio::test]
+async fn purge_refuses_a_declined_click_until_its_key_expires() {
+    let app = spawn_app().await;
+    let seats = app.seed("declined", 1, 4_500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let key = new_key();
+    let declined = Seen::of(
+        app.post_order("alice", &key, &[hold], "pm_card_declined")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (declined.status, declined.slug.as_deref()),
+        (402, Some("payment-declined"))
+    );
+
+    let refused = keys(&app, &["purge", "--user", "alice", "--key", &key], &[]).await;
+    assert_eq!(refused.status, 2, "{}", refused.stderr);
+    assert_eq!(refused.json["state"], "answered");
+    assert_eq!(refused.json["effect"]["order"]["status"], "declined");
+    assert!(
+        refused.stderr.starts_with("refused: ")
+            && refused.stderr.contains("declined")
+            && refused.stderr.contains("charge again"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(key_rows(&app, &key).await, 1);
+    let retry = Seen::of(
+        app.post_order("alice", &key, &[hold], "pm_card_declined")
+            .await,
+    )
+    .await;
+    assert_eq!((retry.status, retry.replayed), (402, true));
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE user_id = 'alice'")
+            .await,
+        1,
+        "the retry made no second order"
+    );
+    assert_eq!(app.charges().await.len(), 1, "nor a second charge");
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let short_ttl = [("STAGEDOOR__IDEMPOTENCY__TTL_SECS", "1")];
+    let purged = keys(
+        &app,
+        &["purge", "--user", "alice", "--key", &key],
+        &short_ttl,
+    )
+    .await;
+    assert_eq!(purged.status, 0, "{}", purged.stderr);
+    assert_eq!(purged.json["state"], "expired");
+    assert_eq!(key_rows(&app, &key).await, 0);
+    assert_invariants(&app).await;
 }
 
 #[tokio::test]
