@@ -4,9 +4,8 @@
 //! (default `./config`) where they exist, then `STAGEDOOR__<SECTION>__<KEY>`
 //! environment variables, or `STAGEDOOR__<SECTION>__<KEY>_FILE` naming a file
 //! that holds the value (a mounted secret); `DATABASE_URL` wins for the
-//! database. Loaded once
-//! at start and passed down, never global, so tests can build the settings
-//! they need.
+//! database. Loaded once at start and passed down, never global, so tests
+//! can build the settings they need.
 //!
 //! Strict: a key that no field below declares, in a file or a variable, is
 //! an error naming it and the nearest known key, never silently ignored.
