@@ -40,11 +40,17 @@ RUN apt-get update \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home \
-        --home-dir /nonexistent --shell /usr/sbin/nologin stagedoor
+        --home-dir /nonexistent --shell /usr/sbin/nologin stagedoor \
+    && install -d -o 10001 -g 10001 -m 0755 /app/secrets
+# /app/secrets is where docker-compose.yml mounts the stack's generated
+# secrets: a fresh volume takes this directory's owner, so that the service's
+# user can write them. Empty in the image, which holds no secret.
 WORKDIR /app
 COPY --from=builder /app/target/release/stagedoor-checkout /app/target/release/payrail-sandbox /usr/local/bin/
-# The service reads ./config (WORKDIR) or STAGEDOOR_CONFIG_DIR; production.toml
-# holds no secrets: they come from the environment (see README, Deploy).
+# The service reads ./config (WORKDIR) or STAGEDOOR_CONFIG_DIR; no file there
+# holds a secret (config/local.toml, the development layer, is left out by
+# .dockerignore): they come from the environment or files it names (see
+# docs/OPERATIONS.md, Deploy).
 COPY config ./config
 ENV STAGEDOOR_ENV=production \
     STAGEDOOR_CONFIG_DIR=/app/config

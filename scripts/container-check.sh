@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Proves the container deliverables still work, on a real Docker engine: the
 # image builds, runs as uid 10001, has a HEALTHCHECK, and its service binary
-# has no Payrail sandbox and refuses one in production; the compose stack
-# comes up healthy, passes scripts/smoke.sh, and every container exits 0 on
-# its stop signal.
+# has no Payrail sandbox and refuses one in production; it holds none of the
+# repository's secrets and no development layer; the compose stack publishes
+# its ports on 127.0.0.1 only, comes up healthy on secrets of its own (a
+# token signed with the repository's dev secret is refused 401), passes
+# scripts/smoke.sh, and every container exits 0 on its stop signal.
 #
 #   scripts/container-check.sh        (as root; .ci/run runs it)
 #
@@ -181,7 +183,8 @@ compose down -v --remove-orphans >/dev/null 2>&1 || true
 # compose_facts: one line per fact of the resolved compose file:
 #   build SERVICE IMAGE DOCKERFILE   a service built here (IMAGE may be "-")
 #   pull SERVICE IMAGE               a service run from a registry image
-#   port SERVICE PORT                a port published on the host
+#   port SERVICE PORT HOST_IP        a port published on the host ("-": every
+#                                    interface)
 # /usr/bin/python3: Debian's docker-compose runs on it, so it has PyYAML.
 compose_facts() {
     compose config | /usr/bin/python3 -c '
@@ -198,12 +201,13 @@ for name, svc in sorted(services.items()):
         print("pull", name, svc["image"])
     for port in svc.get("ports") or []:
         if isinstance(port, dict):
-            published = port.get("published")
+            published, host_ip = port.get("published"), port.get("host_ip")
         else:
             parts = str(port).split("/")[0].split(":")
             published = parts[-2] if len(parts) > 1 else None
+            host_ip = parts[0] if len(parts) > 2 else None
         if published:
-            print("port", name, published)
+            print("port", name, published, host_ip or "-")
 '
 }
 
@@ -255,6 +259,22 @@ mirror_for() {
 }
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# Bumped when make_postgres's stand-in changes (2: POSTGRES_PASSWORD_FILE), so
+# that an engine's older one is made again.
+postgres_standin_version=2
+label() { docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null; }
+# stale_standin IMAGE: a PostgreSQL stand-in made by an older version of
+# this script (a registry's image has no stand-in label, and is kept).
+stale_standin() {
+    case "$1" in
+        postgres:*)
+            [ -n "$(label "$1" org.stagedoor.stand-in)" ] &&
+                [ "$(label "$1" org.stagedoor.stand-in.version)" != "$postgres_standin_version" ]
+            ;;
+        *) return 1 ;;
+    esac
+}
 
 # make_debian SUITE TAG: a minimal Debian imported as TAG, with apt pointed
 # at the same mirrors as this machine's apt.
@@ -348,6 +368,8 @@ EOF
 # start, a cluster in PGDATA (/var/lib/postgresql/data) whose superuser is
 # POSTGRES_USER with POSTGRES_PASSWORD, the database POSTGRES_DB; then
 # postgres as PID 1 on every interface, password auth from the network.
+# POSTGRES_PASSWORD_FILE, as the official image, reads the password from a
+# file.
 make_postgres() {
     local suite=$1 tag=$2 ctx="$work/postgres"
     mkdir -p "$ctx"
@@ -365,6 +387,9 @@ fi
 shift
 user="${POSTGRES_USER:-postgres}"
 db="${POSTGRES_DB:-$user}"
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+    POSTGRES_PASSWORD="$(cat "$POSTGRES_PASSWORD_FILE")"
+fi
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     if [ -z "${POSTGRES_PASSWORD:-}" ]; then
         echo "POSTGRES_PASSWORD is empty: refusing to create a database anyone can log in to" >&2
@@ -410,7 +435,8 @@ EXPOSE 5432
 STOPSIGNAL SIGINT
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["postgres"]
-LABEL org.stagedoor.stand-in="$tag from Debian $suite's PostgreSQL (scripts/container-check.sh)"
+LABEL org.stagedoor.stand-in="$tag from Debian $suite's PostgreSQL (scripts/container-check.sh)" \\
+      org.stagedoor.stand-in.version="$postgres_standin_version"
 EOF
     logged "standin-postgres" docker build --force-rm -t "$tag" "$ctx"
     rm -rf "$ctx"
@@ -430,8 +456,14 @@ check_ports() {
 }
 step "ports"
 mapfile -t ports < <(awk '$1 == "port" { print $3 }' <<<"$facts" | sort -un)
+# Nothing of a development stack on the host's other interfaces (the
+# sandbox's fault switches and ledger need no key), unless asked for.
+if [ -z "${STAGEDOOR_BIND:-}" ]; then
+    exposed="$(awk '$1 == "port" && $4 != "127.0.0.1" { printf "%s %s:%s; ", $2, $4, $3 }' <<<"$facts")"
+    [ -z "$exposed" ] || fail "$compose_file publishes beyond 127.0.0.1: ${exposed%; }"
+fi
 check_ports
-step_done "${ports[*]:-none} free"
+step_done "${ports[*]:-none} free, on 127.0.0.1 only"
 
 step "base images"
 built_image="$(awk '$1 == "build" { print $3; exit }' <<<"$facts")"
@@ -450,7 +482,7 @@ mapfile -t bases < <(printf '%s\n' "${bases[@]}" | sort -u | awk '/^debian:/ { p
 report=()
 for image in "${bases[@]}"; do
     case "$image" in *'$'*) fail "FROM $image: build arguments in FROM are not resolved here" ;; esac
-    if have_image "$image"; then
+    if have_image "$image" && ! stale_standin "$image"; then
         report+=("$image present")
         continue
     fi
@@ -507,6 +539,27 @@ fi
 grep -q 'payrail\.sandbox' <<<"$refusal" || fail "the refusal does not name payrail.sandbox: $refusal"
 step_done "the service binary has no sandbox; production refuses payrail.sandbox = true"
 
+step "no secrets"
+# The repository's development secrets (config/local.toml's): no file of the
+# image may hold one, nor the layer that sets them. payrail-sandbox's binary
+# aside: its documented default API key is local.toml's, and opens nothing
+# but a sandbox, which never moves money.
+mapfile -t dev_secrets < <(sed -nE 's/^(jwt_secret|api_key|webhook_secret) = "(.+)"$/\2/p' config/local.toml)
+[ "${#dev_secrets[@]}" -ge 3 ] || fail "config/local.toml: expected its three dev secrets, found ${#dev_secrets[@]}"
+# As root, so that no file is left unread; grep's status says nothing here
+# (2 for any unreadable file, matches or not), its list of files does.
+found="$(printf '%s\n' "${dev_secrets[@]}" | docker run --rm -i --user 0 --entrypoint sh "$built_image" -c \
+    'grep -rlasF --exclude=payrail-sandbox -f /dev/stdin /usr /app /etc /opt /root /home /var || true')"
+[ -z "$found" ] || fail "$built_image holds a secret of the repository, in: ${found//$'\n'/ }"
+if docker run --rm --entrypoint test "$built_image" -e /app/config/local.toml; then
+    fail "$built_image ships config/local.toml"
+fi
+if refusal="$(docker run --rm -e STAGEDOOR_ENV=local "$built_image" token --sub smoke 2>&1)"; then
+    fail "$built_image: STAGEDOOR_ENV=local minted a token (a development layer is built in)"
+fi
+grep -q 'STAGEDOOR_ENV=local has no layer' <<<"$refusal" || fail "STAGEDOOR_ENV=local: unexpected refusal: $refusal"
+step_done "none of config/local.toml's secrets in any file (payrail-sandbox aside); STAGEDOOR_ENV=local refused"
+
 # --- 5. The stack: up, healthy, the smoke test, stopped, down.
 step "up"
 check_ports # again: the build took minutes
@@ -519,13 +572,15 @@ while :; do
     pending=()
     for id in "${containers[@]}"; do
         info="$(docker inspect -f \
-            '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")" ||
+            '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.State.ExitCode}}' "$id")" ||
             fail "container $id disappeared"
-        read -r name status health <<<"$info"
+        read -r name status health code <<<"$info"
         name="${name#/}"
         case "$status/$health" in
             running/healthy | running/none) ;;
             running/*) pending+=("$name $health") ;;
+            # A one-shot job (the stack's secrets) that has done its work.
+            exited/none) [ "$code" = 0 ] || fail "container $name exited with status $code" ;;
             *) fail "container $name is $status (health: $health)" ;;
         esac
         [ "$health" != unhealthy ] || fail "container $name is unhealthy"
@@ -542,6 +597,7 @@ built_id="$(docker image inspect -f '{{.Id}}' "$built_image")"
 ours=()
 for id in "${containers[@]}"; do
     [ "$(docker inspect -f '{{.Image}}' "$id")" = "$built_id" ] || continue
+    [ "$(docker inspect -f '{{.State.Running}}' "$id")" = true ] || continue
     service="$(docker inspect -f '{{index .Config.Labels "com.docker.compose.service"}}' "$id")"
     pid="$(docker inspect -f '{{.State.Pid}}' "$id")"
     uid="$(awk '$1 == "Uid:" { print $2 }' "/proc/$pid/status" 2>/dev/null)" ||
@@ -559,6 +615,18 @@ token="$(printf '%s' "$token" | tr -d '[:space:]')"
 [ -n "$token" ] || fail "stagedoor-checkout token --sub smoke printed nothing"
 SMOKE_TOKEN="$token" logged smoke scripts/smoke.sh "$smoke_url"
 step_done "$(tail -n 1 "$work/smoke.log")"
+
+step "dev secret"
+# A token the repository's dev secret signs, minted by the image's own
+# `token` command: the stack, on secrets of its own, must refuse it.
+dev_jwt_secret="$(sed -nE 's/^jwt_secret = "(.+)"$/\1/p' config/local.toml)"
+forged="$(docker run --rm -e STAGEDOOR_ENV=compose -e STAGEDOOR__AUTH__JWT_SECRET="$dev_jwt_secret" \
+    "$built_image" token --sub smoke)" || fail "minting a token with config/local.toml's jwt_secret"
+status="$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $forged" "$smoke_url/events/demo/seats")"
+[ "$status" = 401 ] || fail "a token signed with config/local.toml's jwt_secret got $status, expected 401"
+status="$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" "$smoke_url/events/demo/seats")"
+[ "$status" = 200 ] || fail "the stack's own token got $status on the seat map, expected 200"
+step_done "a token signed with the repository's dev secret: 401; the stack's own: 200"
 
 step "stop"
 # No -t: each service's stop_grace_period (the service drains for up to 30 s).

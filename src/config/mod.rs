@@ -2,9 +2,10 @@
 //! (`config/default.toml`, then the `config/<STAGEDOOR_ENV>.toml` of the
 //! repository, `local` when unset), then the files of `STAGEDOOR_CONFIG_DIR`
 //! (default `./config`) where they exist, then `STAGEDOOR__<SECTION>__<KEY>`
-//! environment variables; `DATABASE_URL` wins for the database. Loaded once
-//! at start and passed down, never global, so tests can build the settings
-//! they need.
+//! environment variables, or `STAGEDOOR__<SECTION>__<KEY>_FILE` naming a file
+//! that holds the value (a mounted secret); `DATABASE_URL` wins for the
+//! database. Loaded once at start and passed down, never global, so tests
+//! can build the settings they need.
 //!
 //! Strict: a key that no field below declares, in a file or a variable, is
 //! an error naming it and the nearest known key, never silently ignored.
@@ -16,19 +17,28 @@ use config::{Config, Environment, File, FileFormat};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+mod public_secrets;
 mod unknown;
 mod validate;
 
 pub use unknown::UnknownKey;
 
 /// The layers built into the binary, so that it runs from any directory.
+/// The local layer (a development secret everyone has) only beside the
+/// embedded sandbox it is made for: the container's binary is built without
+/// both, so `STAGEDOOR_ENV=local` there stops at start instead of serving
+/// on that secret.
 const DEFAULT_LAYER: &str = include_str!("../../config/default.toml");
-const BUILT_IN_LAYERS: [(&str, &str); 2] = [
+const BUILT_IN_LAYERS: &[(&str, &str)] = &[
+    #[cfg(feature = "sandbox")]
     ("local", include_str!("../../config/local.toml")),
     ("production", include_str!("../../config/production.toml")),
 ];
 const ENV_PREFIX: &str = "STAGEDOOR";
 const ENV_SEPARATOR: &str = "__";
+/// `STAGEDOOR__AUTH__JWT_SECRET_FILE=/run/secrets/jwt`: the value is that
+/// file's contents.
+const FILE_SUFFIX: &str = "_FILE";
 
 /// A setting that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +49,15 @@ pub enum ConfigError {
     Invalid { key: &'static str, reason: String },
     #[error("{}", unknown.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Unknown { unknown: Vec<UnknownKey> },
-    #[error("configuration: no built-in layer and no file {0} for STAGEDOOR_ENV")]
-    NoLayer(PathBuf),
+    #[error(
+        "configuration: STAGEDOOR_ENV={environment} has no layer: none of that name is built \
+         into this binary (the development layer `local` comes only with the `sandbox` \
+         feature, which the container's binary lacks) and there is no file {}",
+        file.display()
+    )]
+    NoLayer { environment: String, file: PathBuf },
+    #[error("configuration variable `{variable}`: {reason}")]
+    Variable { variable: String, reason: String },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -236,7 +253,10 @@ impl Settings {
             .map(|(_, text)| *text);
         let env_file = dir.join(format!("{environment}.toml"));
         if built_in.is_none() && !env_file.is_file() {
-            return Err(ConfigError::NoLayer(env_file));
+            return Err(ConfigError::NoLayer {
+                environment: environment.to_owned(),
+                file: env_file,
+            });
         }
         let files = [dir.join("default.toml"), env_file];
         let mut builder =
@@ -247,8 +267,12 @@ impl Settings {
         for file in &files {
             builder = builder.add_source(File::from(file.as_path()).required(false));
         }
+        builder = builder.add_source(environment_variables()?);
+        let from_files = file_variables()?;
+        for variable in &from_files {
+            builder = builder.set_override(variable.key.as_str(), variable.value.as_str())?;
+        }
         let layered = builder
-            .add_source(environment_variables())
             .set_override_option("database.url", std::env::var("DATABASE_URL").ok())?
             .build()?;
         let mut ignored = Vec::new();
@@ -256,7 +280,7 @@ impl Settings {
             serde_ignored::deserialize(layered.clone(), |path| ignored.push(path.to_string()))?;
         if !ignored.is_empty() {
             return Err(ConfigError::Unknown {
-                unknown: unknown::keys(&layered, &ignored, &files)?,
+                unknown: unknown::keys(&layered, &ignored, &files, &from_files)?,
             });
         }
         settings.environment = environment.to_owned();
@@ -269,14 +293,94 @@ impl Settings {
     }
 }
 
-/// `STAGEDOOR__<SECTION>__<KEY>`, lists split at commas.
-fn environment_variables() -> Environment {
-    Environment::with_prefix(ENV_PREFIX)
+/// `STAGEDOOR__<SECTION>__<KEY>`, lists split at commas; the `…_FILE`
+/// ones are [`file_variables`].
+fn environment_variables() -> Result<Environment, ConfigError> {
+    let mut values = config::Map::new();
+    for (name, value) in stagedoor_variables() {
+        if plain_variable(&name).is_none() {
+            let value = utf8_value(&name, value)?;
+            values.insert(name, value);
+        }
+    }
+    Ok(Environment::with_prefix(ENV_PREFIX)
         .prefix_separator(ENV_SEPARATOR)
         .separator(ENV_SEPARATOR)
         .try_parsing(true)
         .list_separator(",")
         .with_list_parse_key("http.cors_origins")
+        .source(Some(values)))
+}
+
+/// A key set by `STAGEDOOR__<SECTION>__<KEY>_FILE`.
+#[derive(Debug)]
+struct FileVariable {
+    key: String,
+    variable: String,
+    value: String,
+}
+
+/// Each `STAGEDOOR__<SECTION>__<KEY>_FILE=<path>`: the key's value is read
+/// from the file, the way an orchestrator mounts a secret, so that it is in
+/// neither the environment (which `docker inspect` and `/proc` show) nor a
+/// compose file. One final line break is dropped (`echo secret > file`).
+fn file_variables() -> Result<Vec<FileVariable>, ConfigError> {
+    let mut variables = Vec::new();
+    for (variable, path) in stagedoor_variables() {
+        let Some(plain) = plain_variable(&variable) else {
+            continue;
+        };
+        let fail = |reason: String| ConfigError::Variable {
+            variable: variable.clone(),
+            reason,
+        };
+        // Two sources for one key: neither may silently win.
+        if std::env::var_os(plain).is_some() {
+            return Err(fail(format!(
+                "is set together with `{plain}`: set one of the two"
+            )));
+        }
+        let path = PathBuf::from(path);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|err| fail(format!("cannot read {}: {err}", path.display())))?;
+        let value = text.strip_suffix('\n').map_or(text.as_str(), |line| {
+            line.strip_suffix('\r').unwrap_or(line)
+        });
+        variables.push(FileVariable {
+            key: plain[ENV_PREFIX.len() + ENV_SEPARATOR.len()..]
+                .to_lowercase()
+                .replace(ENV_SEPARATOR, "."),
+            value: value.to_owned(),
+            variable,
+        });
+    }
+    Ok(variables)
+}
+
+/// The variables named `STAGEDOOR__…`, in any case as `config` reads them
+/// (names that are not UTF-8 are no setting's).
+fn stagedoor_variables() -> impl Iterator<Item = (String, std::ffi::OsString)> {
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    std::env::vars_os().filter_map(move |(name, value)| {
+        let name = name.into_string().ok()?;
+        name.to_uppercase()
+            .starts_with(&prefix)
+            .then_some((name, value))
+    })
+}
+
+/// `STAGEDOOR__AUTH__JWT_SECRET` for `STAGEDOOR__AUTH__JWT_SECRET_FILE`.
+fn plain_variable(variable: &str) -> Option<&str> {
+    let plain = variable.len().checked_sub(FILE_SUFFIX.len())?;
+    (variable.is_char_boundary(plain) && variable[plain..].eq_ignore_ascii_case(FILE_SUFFIX))
+        .then(|| &variable[..plain])
+}
+
+fn utf8_value(variable: &str, value: std::ffi::OsString) -> Result<String, ConfigError> {
+    value.into_string().map_err(|_| ConfigError::Variable {
+        variable: variable.to_owned(),
+        reason: "is not UTF-8".to_owned(),
+    })
 }
 
 impl PayrailSettings {
@@ -384,12 +488,23 @@ mod tests {
         assert!(err.to_string().contains("payrail.sandbox"), "{err}");
     }
 
-    #[test]
-    fn production_refuses_a_short_webhook_secret() {
+    /// Settings production accepts: the local layer with its published
+    /// secrets replaced by an operator's own, a real Payrail.
+    fn production() -> Settings {
         let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
         settings.environment = "production".into();
         settings.payrail.sandbox = false;
         settings.payrail.base_url = "https://payrail.example".into();
+        settings.auth.jwt_secret = SecretString::from("an-operators-own-jwt-secret-6f1c2a");
+        settings.payrail.api_key = SecretString::from("sk_live_an_operators_own_key_93b0");
+        settings.payrail.webhook_secret =
+            SecretString::from("whsec_an_operators_own_secret_0d7e4c81a2");
+        settings
+    }
+
+    #[test]
+    fn production_refuses_a_short_webhook_secret() {
+        let mut settings = production();
         settings.payrail.webhook_secret = SecretString::from("x".repeat(31));
         let err = settings.validate().unwrap_err();
         assert!(err.to_string().contains("payrail.webhook_secret"), "{err}");
@@ -398,11 +513,69 @@ mod tests {
     }
 
     #[test]
+    fn production_refuses_every_secret_the_repository_publishes() {
+        let local = Settings::load_from(&config_dir(), "local").unwrap();
+        let published = [
+            ("auth.jwt_secret", local.auth.jwt_secret.clone()),
+            ("payrail.api_key", local.payrail.api_key.clone()),
+            (
+                "payrail.webhook_secret",
+                local.payrail.webhook_secret.clone(),
+            ),
+            (
+                "database.url",
+                SecretString::from(
+                    "postgres://stagedoor:stagedoor-dev-only-password@postgres:5432/stagedoor",
+                ),
+            ),
+        ];
+        for (key, value) in published {
+            let mut settings = production();
+            assert!(settings.validate().is_ok());
+            match key {
+                "auth.jwt_secret" => settings.auth.jwt_secret = value.clone(),
+                "payrail.api_key" => settings.payrail.api_key = value.clone(),
+                "payrail.webhook_secret" => settings.payrail.webhook_secret = value.clone(),
+                _ => settings.database.url = value.clone(),
+            }
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+            assert!(
+                !err.contains(value.expose_secret()),
+                "the refusal shows the secret: {err}"
+            );
+            // The same secret elsewhere is fine: a local run is where it belongs.
+            settings.environment = "local".into();
+            assert!(settings.validate().is_ok(), "{key}");
+        }
+    }
+
+    #[test]
+    fn production_refuses_to_start_without_payrail_api_key() {
+        let mut settings = production();
+        settings.payrail.api_key = SecretString::from(String::new());
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("payrail.api_key"), "{err}");
+    }
+
+    #[test]
+    fn production_refuses_an_hs256_secret_beside_an_identity_provider() {
+        let mut settings = production();
+        settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        settings.auth.audience = "https://checkout.shop.example".into();
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("auth.jwt_secret"), "{err}");
+        settings.auth.jwt_secret = SecretString::from(String::new());
+        assert!(settings.validate().is_ok());
+        // Outside production both may be set (tests mint HS256 tokens beside a provider).
+        settings.environment = "local".into();
+        settings.auth.jwt_secret = SecretString::from("an-operators-own-jwt-secret-6f1c2a");
+        assert!(settings.validate().is_ok());
+    }
+
+    #[test]
     fn production_with_a_provider_needs_an_audience_and_no_secret() {
-        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
-        settings.environment = "production".into();
-        settings.payrail.sandbox = false;
-        settings.payrail.base_url = "https://payrail.example".into();
+        let mut settings = production();
         settings.auth.jwt_secret = SecretString::from(String::new());
         settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
         let err = settings.validate().unwrap_err();

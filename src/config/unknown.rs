@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use config::{Config, File, FileFormat, Value, ValueKind};
 
-use super::{environment_variables, ConfigError, DEFAULT_LAYER, ENV_PREFIX, ENV_SEPARATOR};
+use super::{
+    environment_variables, ConfigError, FileVariable, DEFAULT_LAYER, ENV_PREFIX, ENV_SEPARATOR,
+};
 
 /// A key some layer sets that no setting declares.
 #[derive(Debug)]
@@ -37,6 +39,7 @@ pub(super) fn keys(
     layered: &Config,
     ignored: &[String],
     files: &[PathBuf],
+    from_files: &[FileVariable],
 ) -> Result<Vec<UnknownKey>, ConfigError> {
     let known = leaf_keys(
         &Config::builder()
@@ -45,13 +48,16 @@ pub(super) fn keys(
             .cache,
     );
     let variables = Config::builder()
-        .add_source(environment_variables())
+        .add_source(environment_variables()?)
         .build()?;
     let mut unknown = Vec::new();
     for path in ignored {
         let value = layered.get::<Value>(path)?;
         for key in leaf_keys(&value).into_iter().map(|leaf| join(path, &leaf)) {
-            let origin = if variables.get::<Value>(&key).is_ok() {
+            let from_file = from_files.iter().find(|variable| variable.key == key);
+            let origin = if let Some(from_file) = from_file {
+                from_file.variable.clone()
+            } else if variables.get::<Value>(&key).is_ok() {
                 format!(
                     "{ENV_PREFIX}{ENV_SEPARATOR}{}",
                     key.to_uppercase().replace('.', ENV_SEPARATOR)

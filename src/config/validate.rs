@@ -4,7 +4,7 @@
 
 use secrecy::ExposeSecret;
 
-use super::{ConfigError, Settings};
+use super::{public_secrets, ConfigError, Settings};
 
 const MAX_REQUEST_TIMEOUT_SECS: u64 = 300;
 
@@ -26,6 +26,7 @@ impl Settings {
             );
         }
         self.validate_auth()?;
+        self.validate_production_secrets()?;
         let webhook_secret = self.payrail.webhook_secret.expose_secret();
         if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
             return invalid(
@@ -149,6 +150,56 @@ impl Settings {
                 "is empty in production: without it, a token the identity provider issued \
                  for any other application would be accepted; set STAGEDOOR__AUTH__AUDIENCE",
             );
+        }
+        Ok(())
+    }
+
+    /// Production's credentials: none that anyone else has, none that would
+    /// let a token around the identity provider's checks, and Payrail's key.
+    fn validate_production_secrets(&self) -> Result<(), ConfigError> {
+        if !self.is_production() {
+            return Ok(());
+        }
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        // An HS256 token is checked against the secret alone: no `iss`, no
+        // `aud`, any subject (the provider's `auth0|victim` too), and it
+        // keeps working while the provider's keys cannot be fetched.
+        if self.auth.jwt_secret_is_set() && self.auth.has_provider() {
+            return invalid(
+                "auth.jwt_secret",
+                "is set beside an identity provider in production: tokens signed with it \
+                 would skip the provider's issuer and audience checks and could name any of \
+                 its buyers; leave it empty and let the provider sign every token",
+            );
+        }
+        if self.payrail.api_key.expose_secret().is_empty() {
+            return invalid(
+                "payrail.api_key",
+                "is empty in production: Payrail would refuse every charge; set \
+                 STAGEDOOR__PAYRAIL__API_KEY (or STAGEDOOR__PAYRAIL__API_KEY_FILE)",
+            );
+        }
+        let credentials = [
+            ("auth.jwt_secret", &self.auth.jwt_secret),
+            ("payrail.api_key", &self.payrail.api_key),
+            ("payrail.webhook_secret", &self.payrail.webhook_secret),
+            ("database.url", &self.database.url),
+            ("redis.url", &self.redis.url),
+        ];
+        for (key, value) in credentials {
+            if public_secrets::holds(value.expose_secret()) {
+                return invalid(
+                    key,
+                    "holds a secret that this repository publishes (a development or \
+                     example value): anyone who has read it has it too; generate one, e.g. \
+                     `openssl rand -hex 32`",
+                );
+            }
         }
         Ok(())
     }

@@ -120,6 +120,141 @@ async fn a_bad_setting_stops_the_start_with_its_key_named() {
 }
 
 #[tokio::test]
+async fn production_refuses_to_start_on_a_secret_the_repository_publishes() {
+    let app = spawn_app().await;
+    // What production needs, each an operator's own.
+    let own = [
+        ("STAGEDOOR_ENV", "production"),
+        (
+            "STAGEDOOR__AUTH__JWT_SECRET",
+            "an-operators-own-jwt-secret-6f1c2a",
+        ),
+        ("STAGEDOOR__PAYRAIL__BASE_URL", "https://payrail.example"),
+        (
+            "STAGEDOOR__PAYRAIL__API_KEY",
+            "sk_live_an_operators_own_key_93b0",
+        ),
+    ];
+    let cases = [
+        // config/local.toml's, and the compose file's fallbacks of before.
+        (
+            "STAGEDOOR__AUTH__JWT_SECRET",
+            "dev-only-secret-change-me-dev-only-secret",
+            "auth.jwt_secret",
+        ),
+        (
+            "STAGEDOOR__AUTH__JWT_SECRET",
+            "dev-only-compose-secret-change-me",
+            "auth.jwt_secret",
+        ),
+        (
+            "STAGEDOOR__PAYRAIL__API_KEY",
+            "sk_test_stagedoor",
+            "payrail.api_key",
+        ),
+        ("STAGEDOOR__PAYRAIL__API_KEY", "", "payrail.api_key"),
+        (
+            "STAGEDOOR__PAYRAIL__WEBHOOK_SECRET",
+            "whsec-dev-only-compose-secret-change-me",
+            "payrail.webhook_secret",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://stagedoor:stagedoor-dev-only-password@127.0.0.1:5432/stagedoor",
+            "database.url",
+        ),
+        // Hole 5: HS256 beside the shop's identity provider.
+        (
+            "STAGEDOOR__AUTH__JWKS_URL",
+            "https://login.shop.example/jwks.json",
+            "auth.jwt_secret",
+        ),
+    ];
+    for (variable, value, key) in cases {
+        let mut env = own.to_vec();
+        env.retain(|(name, _)| *name != variable);
+        env.extend([
+            (variable, value),
+            ("STAGEDOOR__AUTH__AUDIENCE", "https://checkout.shop.example"),
+        ]);
+        let output = run(&app, &["serve"], &env).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{variable}={value} started");
+        assert!(stderr.contains(key), "{variable}: {stderr}");
+        if !value.is_empty() {
+            assert!(
+                !stderr.contains(value),
+                "the refusal shows the value: {stderr}"
+            );
+        }
+    }
+}
+
+/// A token minted by the `token` command with `env`, and what the service
+/// answers it on the seat map of `event`.
+async fn token_status(app: &TestApp, event: &str, env: &[(&str, &str)]) -> reqwest::StatusCode {
+    let output = run(app, &["token", "--sub", "alice"], env).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8(output.stdout).unwrap();
+    app.http
+        .get(app.url(&format!("/events/{event}/seats")))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn a_setting_can_be_read_from_the_file_a_variable_names() {
+    let app = spawn_app().await;
+    app.seed("from-file", 1, 1000).await;
+    let dir = ScratchDir::new("stagedoor-secret-file-").unwrap();
+    let secret = dir.path().join("jwt_secret");
+    let path = secret.display().to_string();
+    let from_file = [("STAGEDOOR__AUTH__JWT_SECRET_FILE", path.as_str())];
+
+    // The service's own secret, as `echo` writes it: the final newline is no part of it.
+    let own = secrecy::ExposeSecret::expose_secret(&app.settings.auth.jwt_secret).to_owned();
+    std::fs::write(&secret, format!("{own}\n")).unwrap();
+    assert_eq!(token_status(&app, "from-file", &from_file).await, 200);
+    // The file, not the layer's secret, signed it.
+    std::fs::write(&secret, "another-secret-than-the-services-0123").unwrap();
+    assert_eq!(token_status(&app, "from-file", &from_file).await, 401);
+
+    let refusals = [
+        (
+            vec![
+                ("STAGEDOOR__AUTH__JWT_SECRET_FILE", path.as_str()),
+                ("STAGEDOOR__AUTH__JWT_SECRET", own.as_str()),
+            ],
+            "STAGEDOOR__AUTH__JWT_SECRET_FILE",
+        ),
+        (
+            vec![(
+                "STAGEDOOR__AUTH__JWT_SECRET_FILE",
+                "/nonexistent/jwt_secret",
+            )],
+            "/nonexistent/jwt_secret",
+        ),
+        (
+            vec![("STAGEDOOR__AUTH__JWT_SECRT_FILE", path.as_str())],
+            "STAGEDOOR__AUTH__JWT_SECRT_FILE",
+        ),
+    ];
+    for (env, named) in refusals {
+        let output = run(&app, &["token", "--sub", "alice"], &env).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{env:?}");
+        assert!(stderr.contains(named), "{env:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
 async fn a_misspelt_variable_stops_every_command_naming_the_nearest_key() {
     let app = spawn_app().await;
     let commands: [&[&str]; 6] = [
