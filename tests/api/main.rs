@@ -9,6 +9,7 @@ mod cli;
 mod client;
 mod cors;
 mod crash;
+mod database_tls;
 mod expiry;
 mod give_up;
 mod health;
