@@ -64,6 +64,20 @@ pub enum FetchError {
     },
     #[error("{0} holds no signing key this service can use (RS256, PS256, ES256, EdDSA)")]
     NoUsableKey(String),
+    #[error(
+        "the discovery document names the issuer {discovered:?}, not auth.oidc_issuer {configured:?}"
+    )]
+    IssuerMismatch {
+        configured: String,
+        discovered: String,
+    },
+    #[error("the discovery document's jwks_uri {0:?} is not https:// as auth.oidc_issuer is")]
+    PlainJwksUri(String),
+    #[error("{url} answered {status}: redirects are not followed")]
+    Redirect {
+        url: String,
+        status: reqwest::StatusCode,
+    },
 }
 
 /// The provider's keys; cheap to clone, shared by every worker.
@@ -114,7 +128,12 @@ impl Provider {
         Ok(Self {
             inner: Arc::new(Inner {
                 source,
-                http: reqwest::Client::builder().timeout(FETCH_TIMEOUT).build()?,
+                // The keys come from the configured URL or not at all: a
+                // redirect could hand the set to whoever controls its target.
+                http: reqwest::Client::builder()
+                    .timeout(FETCH_TIMEOUT)
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()?,
                 issuer: non_empty(&settings.issuer),
                 audience: non_empty(&settings.audience),
                 leeway_secs: settings.leeway_secs,
@@ -229,6 +248,24 @@ impl Provider {
                     .json()
                     .await
                     .map_err(|source| FetchError::Http { url, source })?;
+                // OpenID Connect Discovery §4.3: a document for another
+                // issuer (a shared host, a tenant's path) must not lend its
+                // keys to this one's tokens.
+                if discovery.issuer != *issuer {
+                    return Err(FetchError::IssuerMismatch {
+                        configured: issuer.clone(),
+                        discovered: discovery.issuer,
+                    });
+                }
+                // The keys are fetched over a channel no weaker than the
+                // document that names them (production's issuer is always
+                // https). Another origin is allowed: the document came from
+                // the issuer itself, and large providers publish their keys
+                // elsewhere (Google: accounts.google.com, keys on
+                // www.googleapis.com).
+                if issuer.starts_with("https://") && !discovery.jwks_uri.starts_with("https://") {
+                    return Err(FetchError::PlainJwksUri(discovery.jwks_uri));
+                }
                 (
                     discovery.jwks_uri,
                     self.inner.issuer.clone().or(Some(discovery.issuer)),
@@ -297,13 +334,21 @@ impl Provider {
             url: url.to_owned(),
             source,
         };
-        self.inner
+        let response = self
+            .inner
             .http
             .get(url)
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
-            .map_err(http)
+            .map_err(http)?;
+        if response.status().is_redirection() {
+            return Err(FetchError::Redirect {
+                url: url.to_owned(),
+                status: response.status(),
+            });
+        }
+        Ok(response)
     }
 
     /// A key of the set as this service will use it, or nothing for a key

@@ -23,6 +23,7 @@ mod metrics;
 mod migrations;
 mod openapi;
 mod orders;
+mod outbound;
 mod payrail_events;
 mod pool;
 mod provider;
