@@ -1,7 +1,8 @@
 //! What the service accepts from the servers it calls: Payrail and the
-//! identity provider are never followed through a redirect, and a discovery
-//! document must name the configured issuer. Each server here is a real one
-//! on a socket of its own that counts the requests it gets.
+//! identity provider are never followed through a redirect, a discovery
+//! document must name the configured issuer, and made-up `kid`s cannot keep
+//! the provider's new key out. Each server here is a real one on a socket
+//! of its own that counts the requests it gets.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -195,4 +196,29 @@ async fn a_discovery_document_for_another_issuer_lends_none_of_its_keys() {
     );
     honest.stop().await;
     elsewhere.stop().await;
+}
+
+#[tokio::test]
+async fn made_up_kids_sent_first_do_not_keep_the_providers_new_key_out() {
+    let published = Arc::new(Mutex::new(jwks_of(&["ec-1"])));
+    let jwks = published.clone();
+    let provider = Canned::start(move |_| HttpResponse::Ok().body(jwks.lock().unwrap().clone()));
+    let jwks_url = format!("{}/jwks.json", provider.url);
+    let app = spawn_app_with(|settings| settings.auth.jwks_url = jwks_url).await;
+    app.seed("outbound", 1, 2_500).await;
+
+    // The attacker's made-up kid comes first: the set is fetched again.
+    let forged = rs256_token("attacker-1", ISSUER);
+    assert_eq!(seats_with(&app, &forged).await.status, 401);
+
+    // The provider rotates to its new key; a buyer's token names it.
+    *published.lock().unwrap() = jwks_of(&["ec-1", "rsa-1"]);
+    let seen = seats_with(&app, &rs256_token("rsa-1", ISSUER)).await;
+    assert_eq!(seen.status, 200, "the new kid: {}", seen.text());
+
+    // The same made-up kid again costs no fetch.
+    let fetched = provider.hits();
+    assert_eq!(seats_with(&app, &forged).await.status, 401);
+    assert_eq!(provider.hits(), fetched, "no fetch for a kid known missing");
+    provider.stop().await;
 }
