@@ -1,18 +1,19 @@
 //! The PostgreSQL pool, database creation for local runs, and the embedded
 //! migrations. Everything else asks this module for a `Pool` and never opens
 //! connections of its own. At start, [`Patience`] waits for a database that
-//! is not up yet (`database.connect_timeout_secs`).
+//! is not up yet (`database.connect_timeout_secs`). Every connection is
+//! secured as `database.url`'s `sslmode` says ([`tls`]).
+
+mod tls;
 
 use std::future::Future;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use crate::config::DatabaseSettings;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use secrecy::ExposeSecret;
+pub use tls::{PgTls, TlsError};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
-
-use crate::config::DatabaseSettings;
 
 refinery::embed_migrations!("migrations");
 
@@ -25,6 +26,8 @@ pub enum DbError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("invalid database url")]
     Url(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("building the pool")]
     Build(#[from] deadpool_postgres::BuildError),
     #[error("migrations failed")]
@@ -48,7 +51,9 @@ impl DbError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             DbError::Pool(_) => true,
-            DbError::Postgres(e) => idempotency::is_unavailable(e),
+            DbError::Postgres(e) => {
+                !tls::is_refused_certificate(e) && idempotency::is_unavailable(e)
+            }
             DbError::Engine(e) => e.is_unavailable(),
             DbError::GaveUp { .. } => true,
             _ => false,
@@ -149,12 +154,14 @@ fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
 /// A server option every pooled connection starts with.
 const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
 
-pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
-    tokio_postgres::Config::from_str(settings.url.expose_secret()).map_err(DbError::Url)
+/// `database.url`'s connection settings and the connector that secures
+/// them: every connection the service opens is made with both.
+pub fn target(settings: &DatabaseSettings) -> Result<(tokio_postgres::Config, PgTls), DbError> {
+    tls::target(settings.url.expose_secret())
 }
 
 pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
-    let mut config = pg_config(settings)?;
+    let (mut config, tls) = target(settings)?;
     // Every statement the service prepares finds its rows by key, so a plan
     // made for the actual parameters is never better than the generic one,
     // but PostgreSQL keeps re-planning a statement whose custom plans look
@@ -172,7 +179,7 @@ pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
     }
     let manager = Manager::from_config(
         config,
-        NoTls,
+        tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -187,8 +194,11 @@ pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
 }
 
 /// Opens one connection outside the pool (migrations, admin commands).
-pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, DbError> {
-    let (client, connection) = config.connect(NoTls).await?;
+pub async fn connect(
+    config: &tokio_postgres::Config,
+    tls: PgTls,
+) -> Result<tokio_postgres::Client, DbError> {
+    let (client, connection) = config.connect(tls).await?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "database connection closed");
@@ -200,13 +210,12 @@ pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::
 /// Creates the configured database when it does not exist yet. Two instances
 /// racing here are fine: the loser's "already exists" is success.
 pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbError> {
-    let target = pg_config(settings)?;
-    let Some(name) = target.get_dbname().map(str::to_owned) else {
+    let (mut maintenance, tls) = target(settings)?;
+    let Some(name) = maintenance.get_dbname().map(str::to_owned) else {
         return Ok(());
     };
-    let mut maintenance = target.clone();
     maintenance.dbname("postgres");
-    let client = connect(&maintenance).await?;
+    let client = connect(&maintenance, tls).await?;
     let exists = client
         .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
         .await?
@@ -231,7 +240,8 @@ pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbErro
 /// same migration twice.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     const MIGRATION_LOCK: i64 = 0x5354_4147_4544_4f4f; // "STAGEDOO"
-    let mut client = connect(&pg_config(settings)?).await?;
+    let (config, tls) = target(settings)?;
+    let mut client = connect(&config, tls).await?;
     // The engine's migration creates its table `IF NOT EXISTS`, which the
     // service's V3 already made: PostgreSQL's NOTICE about that is expected,
     // and in the start's log it would read like a fault.

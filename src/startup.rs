@@ -187,8 +187,8 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     if cache_mb > 0 {
         // The listener's own connection, outside the pool (and without the
         // pool's session options).
-        let listen = db::pg_config(&settings.database)?;
-        let cache = AnswerCache::start(cache_mb << 20, listen, observe::answer_cache_event);
+        let (listen, tls) = db::target(&settings.database)?;
+        let cache = AnswerCache::start(cache_mb << 20, listen, tls, observe::answer_cache_event);
         engine = engine.with_answer_cache(cache);
     }
     let webhook_secret = &settings.payrail.webhook_secret;

@@ -4,8 +4,10 @@
 //!
 //! The set is fetched at start and refreshed in the background as its
 //! `Cache-Control: max-age` allows, bounded to [10 s, 5 min]; a token naming
-//! a `kid` the set lacks triggers one refresh at once (single-flight, at
-//! most once per 10 s, so a flood of forged `kid`s costs one fetch). When
+//! a `kid` the set lacks triggers a refresh (single-flight, at most one a
+//! second, and none for a `kid` a fetch of the last 10 s already lacked), so
+//! forged `kid`s cost at most a fetch a second and never keep a rotated key
+//! from being fetched. When
 //! the provider cannot be reached, the last good set keeps working and a
 //! metric and a log line say it is stale; only a service that never got a
 //! set refuses tokens (503, not 401).
@@ -24,9 +26,16 @@ use super::{Claims, TokenError};
 use crate::config::AuthSettings;
 use crate::observe;
 
-/// The bounds of the background refresh, and the least time between two
-/// refreshes asked for by unknown `kid`s.
+/// The bounds of the background refresh; also how long a `kid` the set
+/// lacked is not worth another fetch.
 const MIN_REFRESH: Duration = Duration::from_secs(10);
+/// The least time between two fetches asked for by unknown `kid`s: a new
+/// key waits at most this long, a flood of made-up ones costs a fetch per.
+const ON_DEMAND_GAP: Duration = Duration::from_secs(1);
+/// How many `kid`s found missing are remembered; when full, those older
+/// than [`MIN_REFRESH`] make room, and one that finds none is not remembered
+/// (it costs at most a fetch per [`ON_DEMAND_GAP`]).
+const MAX_MISSING: usize = 1_024;
 const MAX_REFRESH: Duration = Duration::from_secs(300);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -64,6 +73,20 @@ pub enum FetchError {
     },
     #[error("{0} holds no signing key this service can use (RS256, PS256, ES256, EdDSA)")]
     NoUsableKey(String),
+    #[error(
+        "the discovery document names the issuer {discovered:?}, not auth.oidc_issuer {configured:?}"
+    )]
+    IssuerMismatch {
+        configured: String,
+        discovered: String,
+    },
+    #[error("the discovery document's jwks_uri {0:?} is not https:// as auth.oidc_issuer is")]
+    PlainJwksUri(String),
+    #[error("{url} answered {status}: redirects are not followed")]
+    Redirect {
+        url: String,
+        status: reqwest::StatusCode,
+    },
 }
 
 /// The provider's keys; cheap to clone, shared by every worker.
@@ -79,9 +102,37 @@ struct Inner {
     audience: Option<String>,
     leeway_secs: u64,
     current: RwLock<Option<Arc<KeySet>>>,
-    /// When an unknown `kid` last caused a fetch; held across that fetch,
-    /// so that the requests arriving meanwhile wait for it, not fetch again.
-    on_demand: tokio::sync::Mutex<Option<Instant>>,
+    /// Held across a fetch for an unknown `kid`, so that the requests
+    /// arriving meanwhile wait for it, not fetch again.
+    on_demand: tokio::sync::Mutex<OnDemand>,
+}
+
+/// The fetches asked for by unknown `kid`s. Throttled per `kid`, not as a
+/// whole: with one throttle for all, an attacker's made-up `kid` every few
+/// seconds kept the provider's new key out for as long as they went on.
+#[derive(Default)]
+struct OnDemand {
+    /// When the last such fetch started.
+    last: Option<Instant>,
+    /// The `kid`s that set lacked, and when.
+    missing: HashMap<String, Instant>,
+}
+
+impl OnDemand {
+    fn lately_missing(&self, kid: &str) -> bool {
+        self.missing
+            .get(kid)
+            .is_some_and(|at| at.elapsed() < MIN_REFRESH)
+    }
+
+    fn remember_missing(&mut self, kid: &str) {
+        if self.missing.len() >= MAX_MISSING {
+            self.missing.retain(|_, at| at.elapsed() < MIN_REFRESH);
+        }
+        if self.missing.len() < MAX_MISSING {
+            self.missing.insert(kid.to_owned(), Instant::now());
+        }
+    }
 }
 
 /// One fetched set: each usable key by `kid`, ready to verify.
@@ -114,12 +165,17 @@ impl Provider {
         Ok(Self {
             inner: Arc::new(Inner {
                 source,
-                http: reqwest::Client::builder().timeout(FETCH_TIMEOUT).build()?,
+                // The keys come from the configured URL or not at all: a
+                // redirect could hand the set to whoever controls its target.
+                http: reqwest::Client::builder()
+                    .timeout(FETCH_TIMEOUT)
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()?,
                 issuer: non_empty(&settings.issuer),
                 audience: non_empty(&settings.audience),
                 leeway_secs: settings.leeway_secs,
                 current: RwLock::new(None),
-                on_demand: tokio::sync::Mutex::new(None),
+                on_demand: tokio::sync::Mutex::new(OnDemand::default()),
             }),
         })
     }
@@ -135,7 +191,8 @@ impl Provider {
         let key = match self.key(header.kid.as_deref())? {
             Some(key) => key,
             None => {
-                self.refresh_for_unknown_kid().await;
+                self.refresh_for_unknown_kid(header.kid.as_deref().unwrap_or_default())
+                    .await;
                 self.key(header.kid.as_deref())?
                     .ok_or(TokenError::UnknownKey)?
             }
@@ -164,13 +221,21 @@ impl Provider {
         })
     }
 
-    async fn refresh_for_unknown_kid(&self) {
-        let mut last = self.inner.on_demand.lock().await;
-        if last.is_some_and(|at| at.elapsed() < MIN_REFRESH) {
+    async fn refresh_for_unknown_kid(&self, kid: &str) {
+        let arrived = Instant::now();
+        let mut on_demand = self.inner.on_demand.lock().await;
+        // A fetch that started after this token arrived is as new as one of
+        // its own would be: the requests queued behind it share it.
+        if on_demand.last.is_some_and(|at| at >= arrived) || on_demand.lately_missing(kid) {
             return;
         }
-        *last = Some(Instant::now());
-        let _ = self.refresh().await;
+        if let Some(last) = on_demand.last {
+            tokio::time::sleep_until((last + ON_DEMAND_GAP).into()).await;
+        }
+        on_demand.last = Some(Instant::now());
+        if self.refresh().await.is_ok() && matches!(self.key(Some(kid)), Ok(None)) {
+            on_demand.remember_missing(kid);
+        }
     }
 
     /// Fetches the set once and keeps it; returns how long it may be kept.
@@ -229,6 +294,24 @@ impl Provider {
                     .json()
                     .await
                     .map_err(|source| FetchError::Http { url, source })?;
+                // OpenID Connect Discovery §4.3: a document for another
+                // issuer (a shared host, a tenant's path) must not lend its
+                // keys to this one's tokens.
+                if discovery.issuer != *issuer {
+                    return Err(FetchError::IssuerMismatch {
+                        configured: issuer.clone(),
+                        discovered: discovery.issuer,
+                    });
+                }
+                // The keys are fetched over a channel no weaker than the
+                // document that names them (production's issuer is always
+                // https). Another origin is allowed: the document came from
+                // the issuer itself, and large providers publish their keys
+                // elsewhere (Google: accounts.google.com, keys on
+                // www.googleapis.com).
+                if issuer.starts_with("https://") && !discovery.jwks_uri.starts_with("https://") {
+                    return Err(FetchError::PlainJwksUri(discovery.jwks_uri));
+                }
                 (
                     discovery.jwks_uri,
                     self.inner.issuer.clone().or(Some(discovery.issuer)),
@@ -297,13 +380,21 @@ impl Provider {
             url: url.to_owned(),
             source,
         };
-        self.inner
+        let response = self
+            .inner
             .http
             .get(url)
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
-            .map_err(http)
+            .map_err(http)?;
+        if response.status().is_redirection() {
+            return Err(FetchError::Redirect {
+                url: url.to_owned(),
+                status: response.status(),
+            });
+        }
+        Ok(response)
     }
 
     /// A key of the set as this service will use it, or nothing for a key

@@ -588,6 +588,41 @@ mod tests {
     }
 
     #[test]
+    fn production_refuses_plain_http_to_payrail_and_the_identity_provider() {
+        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
+        settings.environment = "production".into();
+        settings.payrail.sandbox = false;
+        settings.payrail.base_url = "https://payrail.example".into();
+        settings.auth.jwt_secret = SecretString::from(String::new());
+        settings.auth.audience = "https://checkout.shop.example".into();
+        settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        assert!(settings.validate().is_ok());
+        let plain = [
+            ("payrail.base_url", "http://payrail.example"),
+            ("auth.jwks_url", "http://login.shop.example/jwks.json"),
+            ("auth.oidc_issuer", "http://login.shop.example"),
+        ];
+        for (key, url) in plain {
+            let mut settings = settings.clone();
+            match key {
+                "payrail.base_url" => settings.payrail.base_url = url.into(),
+                "auth.jwks_url" => settings.auth.jwks_url = url.into(),
+                _ => {
+                    settings.auth.jwks_url.clear();
+                    settings.auth.oidc_issuer = url.into();
+                }
+            }
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("https://"),
+                "{key}: {err}"
+            );
+            settings.environment = "local".into();
+            assert!(settings.validate().is_ok(), "{key}: http is fine locally");
+        }
+    }
+
+    #[test]
     fn cors_origins_must_be_exact_origins() {
         let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
         for bad in ["*", "shop.example", "https://shop.example/", "https://"] {

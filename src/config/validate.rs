@@ -27,6 +27,7 @@ impl Settings {
         }
         self.validate_auth()?;
         self.validate_production_secrets()?;
+        self.validate_transport()?;
         let webhook_secret = self.payrail.webhook_secret.expose_secret();
         if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
             return invalid(
@@ -199,6 +200,29 @@ impl Settings {
                      example value): anyone who has read it has it too; generate one, e.g. \
                      `openssl rand -hex 32`",
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Production reaches Payrail and the identity provider over HTTPS only.
+    /// Over `http://`, anyone on the path reads the Payrail API key, can
+    /// answer a charge as "succeeded" without moving money, or serve a key
+    /// set of their own and sign a token for any buyer.
+    fn validate_transport(&self) -> Result<(), ConfigError> {
+        if !self.is_production() {
+            return Ok(());
+        }
+        for (key, url) in [
+            ("payrail.base_url", &self.payrail.base_url),
+            ("auth.jwks_url", &self.auth.jwks_url),
+            ("auth.oidc_issuer", &self.auth.oidc_issuer),
+        ] {
+            if !url.is_empty() && !url.starts_with("https://") {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: format!("is `{url}` in production: it must be https://"),
+                });
             }
         }
         Ok(())

@@ -17,6 +17,8 @@ pub mod problem;
 mod seats;
 pub mod watch;
 
+use std::time::Duration;
+
 use actix_web::body::MessageBody;
 use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{self, HeaderValue};

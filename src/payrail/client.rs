@@ -126,6 +126,10 @@ pub enum Canceled {
 impl Client {
     pub fn new(settings: &PayrailSettings, base_url: &str) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
+            // A charge re-sent to wherever a 3xx points would carry the API
+            // key and the buyer's charge there; a 3xx is Payrail refusing
+            // the request, never a decision.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(settings.timeout())
             .pool_max_idle_per_host(256)
             .build()?;

@@ -13,6 +13,14 @@ use crate::helpers::{spawn_app, Seen, TestApp};
 
 /// The binary with `args`, on `app`'s database and configuration.
 pub async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let plans = app.settings.database.generic_plans.to_string();
+    let mut env = env.to_vec();
+    env.insert(0, ("STAGEDOOR__DATABASE__GENERIC_PLANS", &plans));
+    run_on(&app.db.url, args, &env).await
+}
+
+/// The binary with `args`, the local configuration, on `database_url`.
+pub async fn run_on(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_stagedoor-checkout"))
         .args(args)
         .env(
@@ -20,11 +28,7 @@ pub async fn run(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Output {
             format!("{}/config", env!("CARGO_MANIFEST_DIR")),
         )
         .env("STAGEDOOR_ENV", "local")
-        .env("DATABASE_URL", &app.db.url)
-        .env(
-            "STAGEDOOR__DATABASE__GENERIC_PLANS",
-            app.settings.database.generic_plans.to_string(),
-        )
+        .env("DATABASE_URL", database_url)
         .envs(env.iter().copied())
         .output()
         .await

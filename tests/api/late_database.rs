@@ -14,7 +14,7 @@ const RETRY_LINE: &str = "the database is not reachable yet; retrying";
 /// `serve` with the local configuration (database created at start, the
 /// embedded Payrail sandbox, the demo event) against `database_url`,
 /// healthy once `/readyz` answers.
-fn service(database_url: &str, connect_timeout_secs: Option<u64>) -> Service {
+pub(crate) fn service(database_url: &str, connect_timeout_secs: Option<u64>) -> Service {
     let port = free_port();
     let mut service = Service::new(
         env!("CARGO_BIN_EXE_stagedoor-checkout"),
@@ -44,14 +44,14 @@ fn service(database_url: &str, connect_timeout_secs: Option<u64>) -> Service {
 }
 
 /// The WARN lines of the failed tries.
-fn retries(log: &str) -> Vec<&str> {
+pub(crate) fn retries(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|line| line.contains("WARN") && line.contains(RETRY_LINE))
         .collect()
 }
 
 /// Waits (30 s at most) for the process to exit on its own.
-async fn exit_of(process: &mut ServiceProcess) -> std::process::ExitStatus {
+pub(crate) async fn exit_of(process: &mut ServiceProcess) -> std::process::ExitStatus {
     match process.wait(Duration::from_secs(30)).await {
         Some(status) => status,
         None => panic!("still running after 30 s:\n{}", process.log()),

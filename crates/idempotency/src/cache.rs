@@ -28,7 +28,8 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Equivalent, Lifecycle, Weighter};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, Socket};
 
 use crate::{IdempotencyKey, RequestHash, StoredResponse};
 
@@ -161,12 +162,20 @@ impl AnswerCache {
     /// A cache of at most `max_bytes`, which listens for invalidations on
     /// its own connection to the database of `listen` (driven by a task of
     /// its own, reconnecting when lost), and tells `observe` what it does.
-    /// It answers nothing until that connection listens.
-    pub fn start(
+    /// It answers nothing until that connection listens. `tls` secures that
+    /// connection as the caller's other connections are.
+    pub fn start<T>(
         max_bytes: u64,
         mut listen: tokio_postgres::Config,
+        tls: T,
         observe: impl Fn(CacheEvent) + Send + Sync + 'static,
-    ) -> Self {
+    ) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         let observe: Observe = Arc::new(observe);
         let estimated_items = usize::try_from(max_bytes / 1_024)
             .unwrap_or(usize::MAX)
@@ -192,7 +201,7 @@ impl AnswerCache {
             .keepalives_idle(Duration::from_secs(5))
             .keepalives_interval(Duration::from_secs(1))
             .keepalives_retries(3);
-        tokio::spawn(listener(Arc::downgrade(&cache.0), listen));
+        tokio::spawn(listener(Arc::downgrade(&cache.0), listen, tls));
         cache
     }
 
@@ -314,12 +323,16 @@ fn parse(payload: &str) -> Option<(&str, &str)> {
 
 /// Listens on [`CHANNEL`] for as long as the cache lives, connecting again
 /// after each loss.
-async fn listener(cache: std::sync::Weak<Inner>, config: tokio_postgres::Config) {
+async fn listener<T>(cache: std::sync::Weak<Inner>, config: tokio_postgres::Config, tls: T)
+where
+    T: MakeTlsConnect<Socket> + Clone,
+    T::Stream: Send + 'static,
+{
     loop {
         if cache.strong_count() == 0 {
             return;
         }
-        if let Err(error) = listen_once(&cache, &config).await {
+        if let Err(error) = listen_once(&cache, &config, tls.clone()).await {
             tracing::warn!(%error, "answer cache: invalidation listener lost; serving from the database");
         }
         if let Some(inner) = cache.upgrade() {
@@ -330,11 +343,16 @@ async fn listener(cache: std::sync::Weak<Inner>, config: tokio_postgres::Config)
 }
 
 /// One listening connection, until it is lost.
-async fn listen_once(
+async fn listen_once<T>(
     cache: &std::sync::Weak<Inner>,
     config: &tokio_postgres::Config,
-) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    tls: T,
+) -> Result<(), tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) = config.connect(tls).await?;
     let (notices, mut received) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         loop {

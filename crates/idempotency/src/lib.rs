@@ -99,7 +99,7 @@
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let url = "postgres://postgres@127.0.0.1:5432/toy";
-//!     let mut client = idempotency::connect(url).await?;
+//!     let mut client = idempotency::connect(url, tokio_postgres::NoTls).await?;
 //!     idempotency::migrate(&mut client).await?;
 //!     client
 //!         .batch_execute(
@@ -164,9 +164,13 @@ pub use unit::{store_for_effect, Committed, Fence, Unit};
 pub use wait::{Ran, WaitOutcome};
 
 /// Opens one connection outside any pool (migrations, tools), driven by a
-/// task of its own.
-pub async fn connect(url: &str) -> Result<tokio_postgres::Client, Error> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+/// task of its own, secured by `tls` (`tokio_postgres::NoTls` for none).
+pub async fn connect<T>(url: &str, tls: T) -> Result<tokio_postgres::Client, Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = tokio_postgres::connect(url, tls).await?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "database connection closed");

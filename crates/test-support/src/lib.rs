@@ -7,6 +7,7 @@
 //! | --- | --- |
 //! | [`postgres`] | a throwaway PostgreSQL server of the test's own (initdb, pg_ctl), stopped and removed on drop |
 //! | [`scratch`] | a temp directory of the run's own, and the sweep of those a killed run left behind |
+//! | [`tls`] | a throwaway PostgreSQL that takes TLS connections only, with a CA made at test time |
 //! | [`db`] | a database per test on the machine's server (`DATABASE_URL`), a plain connection, a pool |
 //! | [`citus`] | the Citus profile (`STAGEDOOR_TEST_CITUS=1`): every test database a database of the cluster, and the tables' layout there |
 //! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped |
@@ -27,6 +28,7 @@ pub mod rng;
 pub mod sandbox;
 pub mod scratch;
 pub mod seen;
+pub mod tls;
 
 pub use rng::Rng;
 pub use seen::Seen;

@@ -18,7 +18,7 @@ use crate::scratch::ScratchDir;
 
 /// The prefix of the scratch directory of a server started by
 /// [`Postgres::start`].
-const SCRATCH_PREFIX: &str = "stagedoor-pg-";
+pub(crate) const SCRATCH_PREFIX: &str = "stagedoor-pg-";
 
 /// A running throwaway server. Every setting is passed on the command line
 /// (`-c name=value`), so that a restart keeps them.

@@ -1,0 +1,395 @@
+//! TLS to PostgreSQL with libpq's `sslmode` and `sslrootcert`, read from
+//! `database.url`: the one place that decides how a connection is secured.
+//! Every connection the service and its CLI open (the pool, migrations, the
+//! answer cache's listener) gets its connector from [`target`].
+//!
+//! tokio-postgres itself knows `sslmode` only as `disable`, `prefer` and
+//! `require`, and no `sslrootcert`: both are taken out of the URL here, and
+//! what they mean is done by the certificate verifier below.
+//!
+//! | `sslmode` | encrypted | chain checked | host name checked |
+//! | --- | --- | --- | --- |
+//! | `disable` | never | | |
+//! | `prefer` (the default) | when the server offers it | with `sslrootcert` | |
+//! | `require` | always | with `sslrootcert` | |
+//! | `verify-ca` | always | yes | |
+//! | `verify-full` | always | yes | yes |
+//!
+//! The roots are `sslrootcert`'s certificates (PEM). Where libpq would read
+//! `~/.postgresql/root.crt`, `verify-ca` and `verify-full` without
+//! `sslrootcert` use the system's roots instead: a container has no home
+//! directory worth the name, and a managed PostgreSQL's certificate chains
+//! to a public root or to one the operator names.
+
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use percent_encoding::percent_decode_str;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::config::SslMode as WireMode;
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+/// What is wrong with `database.url`'s TLS parameters; each stops the start.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("sslmode={0:?} is not one of disable, prefer, require, verify-ca, verify-full")]
+    Mode(String),
+    #[error("sslrootcert={}: {source}", path.display())]
+    RootCert {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("sslrootcert={}: no usable CA certificate in it", path.display())]
+    NoRoots { path: PathBuf },
+    #[error("sslmode={0}: no system CA certificates found; name them with sslrootcert")]
+    NoSystemRoots(&'static str),
+    #[error("building the certificate verifier")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    #[error("building the TLS configuration")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(raw: &str) -> Result<Self, TlsError> {
+        Ok(match raw {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => return Err(TlsError::Mode(other.to_owned())),
+        })
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// The connection settings of `url` and the connector that secures them as
+/// its `sslmode` says.
+pub fn target(url: &str) -> Result<(tokio_postgres::Config, PgTls), super::DbError> {
+    let (rest, mode, root_cert) = take_tls_params(url);
+    let mut config: tokio_postgres::Config = rest.parse().map_err(super::DbError::Url)?;
+    // A key=value string keeps its `sslmode` (tokio-postgres reads the
+    // three it knows); a URL's was taken out above.
+    let mode = match mode {
+        Some(raw) => SslMode::parse(&raw)?,
+        None => match config.get_ssl_mode() {
+            WireMode::Disable => SslMode::Disable,
+            WireMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        },
+    };
+    config.ssl_mode(match mode {
+        SslMode::Disable => WireMode::Disable,
+        SslMode::Prefer => WireMode::Prefer,
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireMode::Require,
+    });
+    let tls = PgTls::new(mode, root_cert.as_deref().map(Path::new))?;
+    Ok((config, tls))
+}
+
+/// `url` without `sslmode` and `sslrootcert` in its query, and their
+/// (decoded) values. A key=value string is returned as it is.
+fn take_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
+    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let Some((base, query)) = url.split_once('?').filter(|_| is_url) else {
+        return (url.to_owned(), None, None);
+    };
+    let (mut mode, mut root_cert, mut kept) = (None, None, Vec::new());
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = || percent_decode_str(value).decode_utf8_lossy().into_owned();
+        match key {
+            "sslmode" => mode = Some(value()),
+            "sslrootcert" => root_cert = Some(value()),
+            _ => kept.push(pair),
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (rest, mode, root_cert)
+}
+
+/// The connector for every connection to the database: cheap to clone, one
+/// TLS configuration shared by all.
+#[derive(Clone)]
+pub struct PgTls(Arc<ClientConfig>);
+
+impl PgTls {
+    fn new(mode: SslMode, root_cert: Option<&Path>) -> Result<Self, TlsError> {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let algorithms = provider.signature_verification_algorithms;
+        // libpq checks the chain in `prefer` and `require` too once it has
+        // roots: naming a CA is asking for it to be checked.
+        let chain = match (mode, root_cert) {
+            (SslMode::Disable, _) | (SslMode::Prefer | SslMode::Require, None) => None,
+            (_, Some(path)) => Some(roots_from(path)?),
+            (_, None) => Some(system_roots(mode)?),
+        }
+        .map(|roots| WebPkiServerVerifier::builder_with_provider(roots, provider.clone()).build())
+        .transpose()?;
+        let verifier = Verifier {
+            chain,
+            check_name: mode == SslMode::VerifyFull,
+            algorithms,
+        };
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        Ok(Self(Arc::new(config)))
+    }
+}
+
+fn roots_from(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|source| TlsError::RootCert {
+            path: path.to_owned(),
+            source,
+        })?;
+    roots.add_parsable_certificates(certs);
+    if roots.is_empty() {
+        return Err(TlsError::NoRoots {
+            path: path.to_owned(),
+        });
+    }
+    Ok(Arc::new(roots))
+}
+
+fn system_roots(mode: SslMode) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    if roots.is_empty() {
+        return Err(TlsError::NoSystemRoots(mode.as_str()));
+    }
+    Ok(Arc::new(roots))
+}
+
+/// `sslmode`'s checks of the server's certificate. The handshake's
+/// signatures are always checked: without that, even an encrypted-only
+/// connection would be readable by whoever relays it.
+#[derive(Debug)]
+struct Verifier {
+    /// `None`: any certificate (libpq's `require` without a root).
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_name: bool,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // The web PKI verifier checks the name only after the chain, so a
+        // wrong name here means the chain is good: what verify-ca asks.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
+            verdict => verdict,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// True when `error` is a server certificate that `sslmode` refused: not a
+/// database that is down, so waiting for it helps nothing.
+pub fn is_refused_certificate(error: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let rustls = cause
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if matches!(
+            rustls,
+            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)
+        ) {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+impl<S> MakeTlsConnect<S> for PgTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type TlsConnect = PgTlsConnect;
+    type Error = io::Error;
+
+    fn make_tls_connect(&mut self, host: &str) -> io::Result<PgTlsConnect> {
+        Ok(PgTlsConnect {
+            config: self.0.clone(),
+            // A unix socket has no name; it is only an error should TLS be
+            // asked for over one.
+            server_name: ServerName::try_from(host.to_owned()).ok(),
+        })
+    }
+}
+
+pub struct PgTlsConnect {
+    config: Arc<ClientConfig>,
+    server_name: Option<ServerName<'static>>,
+}
+
+impl<S> TlsConnect<S> for PgTlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<PgTlsStream<S>>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let name = self.server_name.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "TLS needs a host name or address in database.url",
+                )
+            })?;
+            let stream = tokio_rustls::TlsConnector::from(self.config)
+                .connect(name, stream)
+                .await?;
+            Ok(PgTlsStream(stream))
+        })
+    }
+}
+
+pub struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for PgTlsStream<S> {
+    /// None: SCRAM's channel binding needs the certificate's signature
+    /// hash, which would take an X.509 parser; it only adds to `require`
+    /// without a root, and `verify-full` is the answer to an active
+    /// attacker.
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_urls_tls_parameters_are_taken_out_and_decoded() {
+        let (rest, mode, root) = take_tls_params(
+            "postgres://u@db:5432/shop?application_name=a&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
+        );
+        assert_eq!(rest, "postgres://u@db:5432/shop?application_name=a");
+        assert_eq!(mode.as_deref(), Some("verify-full"));
+        assert_eq!(root.as_deref(), Some("/etc/ca.pem"));
+    }
+
+    #[test]
+    fn a_key_value_string_keeps_what_tokio_postgres_reads() {
+        let (config, _) = target("host=db dbname=shop sslmode=require").expect("parses");
+        assert_eq!(config.get_ssl_mode(), WireMode::Require);
+    }
+
+    #[test]
+    fn an_unknown_sslmode_is_refused_by_name() {
+        let error = target("postgres://u@db/shop?sslmode=allow-ish")
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains("sslmode"), "{error}");
+    }
+}
