@@ -589,10 +589,7 @@ mod tests {
 
     #[test]
     fn production_refuses_plain_http_to_payrail_and_the_identity_provider() {
-        let mut settings = Settings::load_from(&config_dir(), "local").unwrap();
-        settings.environment = "production".into();
-        settings.payrail.sandbox = false;
-        settings.payrail.base_url = "https://payrail.example".into();
+        let mut settings = production();
         settings.auth.jwt_secret = SecretString::from(String::new());
         settings.auth.audience = "https://checkout.shop.example".into();
         settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
