@@ -203,8 +203,11 @@ fn system_roots(mode: SslMode) -> Result<Arc<RootCertStore>, TlsError> {
 }
 
 /// `sslmode`'s checks of the server's certificate. The handshake's
-/// signatures are always checked: without that, even an encrypted-only
-/// connection would be readable by whoever relays it.
+/// signatures are checked whenever the chain is: without a checked chain a
+/// relay can present a key of its own anyway, so a signature proves
+/// nothing, and libpq's `prefer` and `require` must take any certificate,
+/// even one that the web PKI cannot parse (the bare X.509 v1 certificate
+/// that Citus makes for its nodes).
 #[derive(Debug)]
 struct Verifier {
     /// `None`: any certificate (libpq's `require` without a root).
@@ -241,6 +244,9 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        if self.chain.is_none() {
+            return Ok(HandshakeSignatureValid::assertion());
+        }
         verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
@@ -250,6 +256,9 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        if self.chain.is_none() {
+            return Ok(HandshakeSignatureValid::assertion());
+        }
         verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 

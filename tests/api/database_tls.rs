@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use test_support::process::ServiceProcess;
-use test_support::tls::TlsPostgres;
+use test_support::tls::{Certificate, TlsPostgres};
 
 use crate::cli::run_on;
 use crate::helpers::{new_key, order_body, Seen};
@@ -16,7 +16,11 @@ use crate::late_database::{exit_of, retries, service};
 const SECRET: &str = "database-tls-test-secret-0123456789abcdef";
 
 async fn tls_server() -> TlsPostgres {
-    tokio::task::spawn_blocking(TlsPostgres::start)
+    tls_server_with(Certificate::SignedByCa).await
+}
+
+async fn tls_server_with(certificate: Certificate) -> TlsPostgres {
+    tokio::task::spawn_blocking(move || TlsPostgres::start_with(certificate))
         .await
         .unwrap()
         .expect("a throwaway PostgreSQL with TLS (initdb and openssl must be installed)")
@@ -192,6 +196,31 @@ async fn verify_full_takes_the_servers_ca_and_refuses_another_ca_another_name_or
     refused(
         &server.url("127.0.0.1", "stagedoor_tls", "sslmode=disable"),
         "no encryption",
+    )
+    .await;
+    stop(server).await;
+}
+
+/// libpq's `prefer` and `require` take any certificate, even a bare
+/// self-signed one the web PKI cannot read (Citus makes such for its
+/// nodes, and turns `ssl` on), and the connection is still encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_and_require_take_a_self_signed_version_1_certificate() {
+    let server = tls_server_with(Certificate::SelfSignedV1).await;
+    for mode in ["prefer", "require"] {
+        let url = server.url("127.0.0.1", "stagedoor_tls", &format!("sslmode={mode}"));
+        cli_ok(&run_on(&url, &["migrate"], &[]).await, mode);
+    }
+    // The default is `prefer`.
+    let url = server.url("127.0.0.1", "stagedoor_tls", "");
+    serving(&url).await.stop(Duration::from_secs(20)).await;
+    refused(
+        &server.url(
+            "localhost",
+            "stagedoor_tls",
+            &format!("sslmode=verify-ca&sslrootcert={}", server.ca().display()),
+        ),
+        "invalid peer certificate",
     )
     .await;
     stop(server).await;

@@ -28,6 +28,16 @@ keyUsage=critical,digitalSignature
 extendedKeyUsage=serverAuth
 ";
 
+/// The server's certificate.
+#[derive(Debug, Clone, Copy)]
+pub enum Certificate {
+    /// For `localhost` and 127.0.0.1, signed by [`TlsPostgres::ca`].
+    SignedByCa,
+    /// Self-signed, X.509 version 1 with no extensions: what Citus makes
+    /// for its nodes, and what the web PKI cannot parse.
+    SelfSignedV1,
+}
+
 /// The server and its certificates; dropped, the server stops and its
 /// directory goes.
 #[derive(Debug)]
@@ -40,6 +50,10 @@ pub struct TlsPostgres {
 impl TlsPostgres {
     /// `Err` says why it cannot be had here (no `initdb`, no `openssl`).
     pub fn start() -> Result<Self, String> {
+        Self::start_with(Certificate::SignedByCa)
+    }
+
+    pub fn start_with(certificate: Certificate) -> Result<Self, String> {
         let scratch = ScratchDir::new(SCRATCH_PREFIX).map_err(|e| format!("scratch dir: {e}"))?;
         let tls = scratch.path().join("tls");
         fs::create_dir(&tls).map_err(|e| format!("{}: {e}", tls.display()))?;
@@ -63,27 +77,26 @@ impl TlsPostgres {
                 "server.csr",
             ],
         )?;
-        write(&tls.join("server.ext"), SERVER_NAMES)?;
-        openssl(
-            &tls,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-                "-out",
-                "server.pem",
-            ],
-        )?;
+        let signing: &[&str] = match certificate {
+            Certificate::SignedByCa => {
+                write(&tls.join("server.ext"), SERVER_NAMES)?;
+                &[
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-extfile",
+                    "server.ext",
+                ]
+            }
+            // Without extensions, `openssl x509` writes version 1.
+            Certificate::SelfSignedV1 => &["-signkey", "server.key"],
+        };
+        let mut args = vec!["x509", "-req", "-in", "server.csr", "-days", "2"];
+        args.extend_from_slice(signing);
+        args.extend_from_slice(&["-out", "server.pem"]);
+        openssl(&tls, &args)?;
         write(&tls.join("pg_hba.conf"), HBA)?;
         // The server refuses a key that others may read, or that is not
         // its user's.
@@ -107,10 +120,12 @@ impl TlsPostgres {
         self.server.port()
     }
 
-    /// `postgres://postgres@<host>:PORT/<database>?<params>`.
+    /// `postgres://postgres@<host>:PORT/<database>?<params>` (no `?` when
+    /// `params` is empty).
     pub fn url(&self, host: &str, database: &str, params: &str) -> String {
+        let query = if params.is_empty() { "" } else { "?" };
         format!(
-            "postgres://postgres@{host}:{}/{database}?{params}",
+            "postgres://postgres@{host}:{}/{database}{query}{params}",
             self.server.port()
         )
     }
