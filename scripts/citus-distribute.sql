@@ -37,6 +37,23 @@ BEGIN
         PERFORM create_distributed_function('idempotency_claim(text,text,bytea,bigint,float8,float8)',
                                             '$1', colocate_with => 'idempotency_keys');
     END IF;
+    -- What the claim calls on that worker (the engine's V5): the insert and
+    -- read it shares with a step's opening, and the fence of a claim won
+    -- by its token. A step that opens the claim (checkout_place_order)
+    -- calls them from the coordinator, where each statement goes to the
+    -- worker of its rows.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
+                   WHERE objid = 'idempotency_open(text,text,bytea,bigint,float8,float8)'::regprocedure
+                     AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('idempotency_open(text,text,bytea,bigint,float8,float8)',
+                                            '$1', colocate_with => 'idempotency_keys');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
+                   WHERE objid = 'idempotency_lock_claim(text,text,bigint)'::regprocedure
+                     AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function('idempotency_lock_claim(text,text,bigint)',
+                                            '$1', colocate_with => 'idempotency_keys');
+    END IF;
     -- The seat side, with seats and events by their foreign keys.
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN
         PERFORM citus_add_local_table_to_metadata('holds', cascade_via_foreign_keys => true);

@@ -2,11 +2,12 @@
 //! `POST /bench/orders-without-key` only: what the service does for a first
 //! click (the checks, the holds claim and order insert, the Payrail call,
 //! the settlement, the 201 body) minus everything that touches
-//! `idempotency_keys`: no key insert, no claim or link in the order
-//! statement (below: the domain's, less its key CTEs), no stored answer
-//! (the domain's settlement, `record_decision`). The difference in
-//! throughput against the keyed `POST /orders` on the same stack is what
-//! the key costs.
+//! `idempotency_keys`: the order step's key-less core
+//! (`checkout_make_order`, which the keyed `checkout_place_order` calls
+//! after the claim) and the domain's settlement (`record_decision`), with
+//! no claim, no link and no stored answer. The difference in throughput
+//! against the keyed `POST /orders` on the same stack is what the key
+//! costs.
 
 use deadpool_postgres::Pool;
 use idempotency::StoredResponse;
@@ -15,31 +16,8 @@ use stagedoor_checkout::http;
 use stagedoor_checkout::payrail::{self, Charge};
 use uuid::Uuid;
 
-/// `orders::place`'s order statement without the engine's `claim` and
-/// `linked` CTEs: the buyer's live holds locked in id order and claimed, and
-/// the order written, all or nothing.
-const CREATE: &str = "WITH held AS (
-         SELECT h.hold_id, s.label, s.price_cents
-         FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-         WHERE h.hold_id = ANY ($2) AND h.user_id = $3
-           AND h.order_id IS NULL AND h.expires_at > now()
-         ORDER BY h.hold_id
-         FOR UPDATE OF h
-     ), decision AS (
-         SELECT (SELECT count(*) FROM held) = cardinality($2::bigint[]) AS all_held
-     ), claimed AS (
-         UPDATE holds SET order_id = $1
-         WHERE hold_id IN (SELECT hold_id FROM held) AND (SELECT all_held FROM decision)
-     ), inserted AS (
-         INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
-                             payment_method, hold_ids, seats, idempotency_key)
-         SELECT $1, $3, 'payment_pending', sum(price_cents)::bigint, $4, $5, $2,
-                array_agg(label ORDER BY array_position($2, hold_id)), ''
-         FROM held
-         HAVING (SELECT all_held FROM decision)
-         RETURNING amount_cents
-     )
-     SELECT d.all_held, i.amount_cents FROM decision d LEFT JOIN inserted i ON true";
+/// The order, with no key (migrations/V9).
+const CREATE: &str = "SELECT * FROM checkout_make_order($1, '', $2, $3, $4, $5)";
 
 /// Makes, charges and settles an order for `user_id`'s holds: the answer
 /// a first click would get, or why not.
@@ -62,7 +40,7 @@ pub async fn place(
         client
             .query_one(
                 &statement,
-                &[&order_id, &hold_ids, &user_id, &CURRENCY, &payment_method],
+                &[&user_id, &order_id, &hold_ids, &CURRENCY, &payment_method],
             )
             .await
             .map_err(|e| e.to_string())?

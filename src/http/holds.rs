@@ -99,7 +99,7 @@ pub async fn create(
         return Ok(idempotency::actix::response_of(&answer(&hold), false));
     };
     let (pool, policy) = (&state.pool, state.holds);
-    idempotent::run(&state, &buyer.0, key, &req, &bytes, |claim| async move {
+    idempotent::run(&state, &buyer.0, key, (&req, &bytes), None, |claim| async move {
         holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await
     })
     .await

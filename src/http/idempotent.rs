@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse};
-use idempotency::{actix, Claim, Done, IdempotencyKey, WaitOutcome};
+use idempotency::{actix, Claim, Done, IdempotencyKey, Opening, WaitOutcome};
 
 use super::problem::Problem;
 use super::AppState;
@@ -19,13 +19,15 @@ pub fn key(req: &HttpRequest) -> Result<Option<IdempotencyKey>, Problem> {
     Ok(actix::key(req)?)
 }
 
-/// Runs `work` at most once for this (buyer, key, request) and answers.
+/// Runs `work` at most once for this (buyer, key, request) and answers;
+/// `opening` is the work's first step, run with the claim (see
+/// `idempotency::Opening`).
 pub async fn run<W, Fut>(
     state: &AppState,
     buyer: &BuyerId,
     key: IdempotencyKey,
-    req: &HttpRequest,
-    body: &[u8],
+    (req, body): (&HttpRequest, &[u8]),
+    opening: Option<&Opening>,
     work: W,
 ) -> Result<HttpResponse, Problem>
 where
@@ -43,6 +45,7 @@ where
             buyer.as_str(),
             &key,
             &hash,
+            opening,
             Duration::from_secs(wait.unwrap_or(0)),
             |claim| async move { answer_or_fail(work(claim).await) },
         )

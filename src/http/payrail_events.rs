@@ -109,6 +109,7 @@ pub async fn receive(
             EVENT_SCOPE,
             &key,
             &hash,
+            None,
             DUPLICATE_WAIT,
             |_claim| async move {
                 let result = orders.apply_event(&event).await.map_err(Problem::from)?;

@@ -21,7 +21,7 @@ use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
 use idempotency::{store, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse};
 use stagedoor_checkout::checkout::holds::{self, Hold};
-use stagedoor_checkout::checkout::orders::{self, NewOrder, Orders, Settlement};
+use stagedoor_checkout::checkout::orders::{self, Click, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -304,7 +304,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     );
     let paying = claim(&db.client).await;
     db.sent();
-    let order = NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order");
+    let order = Click::new(NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"));
     let done = orders.place(&paying, &order).await.expect("the order");
     let idempotency::Done::Stored(answer) = done else {
         panic!("a paid order is stored: {done:?}");

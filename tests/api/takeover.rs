@@ -8,7 +8,7 @@ use idempotency::{
     Begin, Done, Fence, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse,
 };
 use serde_json::json;
-use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
+use stagedoor_checkout::checkout::orders::{Click, NewOrder, Orders};
 use stagedoor_checkout::{http, payrail};
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
@@ -112,7 +112,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let request = NewOrder::parse(vec![hold], "pm_card_visa").unwrap();
+    let request = Click::new(NewOrder::parse(vec![hold], "pm_card_visa").unwrap());
     let mut client = pool.get().await.unwrap();
 
     let Begin::Claimed(paused) = store::begin(&client, policy, "alice", &key, &hash)

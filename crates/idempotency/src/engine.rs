@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use tokio_postgres::Row;
 
 use crate::cache::{Asked, Cached};
 use crate::store::{self, Begin, Found};
 use crate::unit::{self, Committed, Fence};
 use crate::wait::{WaitOutcome, Waiters};
 use crate::{
-    AnswerCache, Error, Gate, IdempotencyKey, Layout, Limit, RequestHash, Settling, StoredResponse,
+    AnswerCache, Error, Gate, IdempotencyKey, Layout, Limit, Opening, RequestHash, Settling,
+    StoredResponse,
 };
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
@@ -38,10 +40,14 @@ pub struct Claim {
     /// settling, when this claim is a takeover: resume it, never make another.
     pub effect: Option<String>,
     pub kind: ClaimKind,
-    /// The key table's layout, from the engine's [`Policy`]: which form of
-    /// a [`Linking`](crate::Linking) or [`Storing`](crate::Storing) step
-    /// the claim runs.
-    pub(crate) layout: Layout,
+    /// The engine's policy: the layout says which form of a
+    /// [`Linking`](crate::Linking) or [`Storing`](crate::Storing) step the
+    /// claim runs; the lease and TTL are its [`Opening`]'s arguments.
+    pub(crate) policy: Policy,
+    pub(crate) hash: RequestHash,
+    /// The row of the [`Opening`] that the claim's own call ran, when it
+    /// did (see [`Claim::open`]).
+    pub(crate) opened: Option<Arc<Row>>,
 }
 
 /// How a claim was won.
@@ -249,12 +255,14 @@ impl Engine {
 
     /// Runs `work` at most once for this (scope, key, request) and says what
     /// to answer. The work gets the claim; it makes its effect in a
-    /// [`Unit`](crate::Unit) of the claim and reports how it ended.
+    /// [`Unit`](crate::Unit) of the claim, or in one-call steps of it
+    /// (`opening` first, see [`Opening`]), and reports how it ended.
     pub async fn run<W, Fut, E>(
         &self,
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
+        opening: Option<&Opening>,
         work: W,
     ) -> Result<Reply, RunError<E>>
     where
@@ -262,7 +270,7 @@ impl Engine {
         Fut: Future<Output = Result<Done, E>>,
     {
         let ran = self
-            .run_waiting(user_id, key, hash, Duration::ZERO, work)
+            .run_waiting(user_id, key, hash, opening, Duration::ZERO, work)
             .await?;
         Ok(ran.reply)
     }
@@ -274,6 +282,7 @@ impl Engine {
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
+        opening: Option<&Opening>,
     ) -> Result<Decision, Error> {
         let asked = match &self.cache {
             Some(cache) => match cache.answer(user_id, key, hash) {
@@ -321,7 +330,7 @@ impl Engine {
             .enter(user_id, key, token, self.policy.lease)
             .await;
         let begun = self
-            .claim_or_read(admitted, user_id, key, hash, token)
+            .claim_or_read(admitted, user_id, key, hash, token, opening)
             .await;
         if let Some(limit) = spent {
             if !matches!(&begun, Ok((Begin::Claimed(claim), _)) if claim.kind.starts_intent()) {
@@ -349,11 +358,17 @@ impl Engine {
         key: &IdempotencyKey,
         hash: &RequestHash,
         token: i64,
+        opening: Option<&Opening>,
     ) -> Result<(Begin, Duration), Error> {
         let client = self.pool.get().await?;
         if admitted {
-            let settling = self.settling;
-            store::claim(&client, self.policy, settling, user_id, key, hash, token).await
+            let asked = store::Ask {
+                user_id,
+                key,
+                hash,
+                token,
+            };
+            store::claim(&client, self.policy, self.settling, asked, opening).await
         } else {
             let (begun, life) = store::look(&client, self.policy, user_id, key, hash).await?;
             Ok((begun.unwrap_or(Begin::InProgress), life))
@@ -424,8 +439,13 @@ impl Engine {
         hash: &RequestHash,
     ) -> Result<Begin, Error> {
         let client = self.pool.get().await?;
-        let (policy, settling, token) = (self.policy, self.settling, store::new_token());
-        let (begun, _) = store::claim(&client, policy, settling, user_id, key, hash, token).await?;
+        let asked = store::Ask {
+            user_id,
+            key,
+            hash,
+            token: store::new_token(),
+        };
+        let (begun, _) = store::claim(&client, self.policy, self.settling, asked, None).await?;
         Ok(begun)
     }
 

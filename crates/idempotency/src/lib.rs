@@ -73,7 +73,7 @@
 //!     let user = "alice"; // the authenticated caller
 //!     let hash = actix::fingerprint(&req, &body);
 //!     let reply = engine
-//!         .run(user, &key, &hash, |claim| async move {
+//!         .run(user, &key, &hash, None, |claim| async move {
 //!             let mut client = pool.get().await.map_err(idempotency::Error::from)?;
 //!             let unit = claim.unit(&mut client).await?;
 //!             let row = unit
@@ -158,7 +158,7 @@ pub use layout::Layout;
 pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};
 pub use response::StoredResponse;
-pub use statement::{Linking, Storing};
+pub use statement::{Linking, Opening, Storing};
 pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
 pub use wait::{Ran, WaitOutcome};

@@ -23,6 +23,8 @@
 //! ([`Linking::distributed_as`], [`Storing::distributed_as`]), and the
 //! claim runs the one of its [`Layout`].
 
+use std::sync::Arc;
+
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -124,6 +126,56 @@ impl Storing {
     }
 }
 
+/// The work's first writing step, run as the claim itself: a PL/pgSQL
+/// function that takes the claim's six arguments ($1 `user_id`, $2 `key`,
+/// $3 the request hash, $4 the claim token, $5 the lease and $6 the TTL in
+/// seconds) and then `params` of its own, starts with
+/// `idempotency_open($1, ..., $6)` into its first ten columns (`won` and
+/// the key's row) and writes nothing unless `won`; after its writes it
+/// calls `idempotency_link` for an effect that settles later.
+///
+/// Handed to [`Engine::run`](crate::Engine::run), it replaces the claim's
+/// own statement: a first click is then one call and one commit for its
+/// key and its first step together. A lost insert comes back as the key's
+/// row, as the plain claim's would, having touched nothing else. A claim
+/// won another way (a key past its TTL, a takeover before any link) runs
+/// the same call from the work ([`Claim::open`]), where `idempotency_open`
+/// finds the row already its token's.
+pub struct Opening {
+    call: String,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+impl Opening {
+    /// The claim's arguments, before the step's own.
+    const CLAIM_PARAMS: usize = 6;
+
+    pub fn new(function: &str, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Self {
+        Self {
+            call: call(function, Self::CLAIM_PARAMS + params.len()),
+            params,
+        }
+    }
+
+    /// The call, with the claim's arguments first.
+    pub(crate) async fn run(
+        &self,
+        client: &impl GenericClient,
+        claim: [&(dyn ToSql + Sync); Self::CLAIM_PARAMS],
+    ) -> Result<Row, Error> {
+        let statement = client.prepare_cached(&self.call).await?;
+        let params: Vec<&(dyn ToSql + Sync)> = claim
+            .into_iter()
+            .chain(
+                self.params
+                    .iter()
+                    .map(|param| &**param as &(dyn ToSql + Sync)),
+            )
+            .collect();
+        Ok(client.query_one(&statement, &params).await?)
+    }
+}
+
 /// A step's statement for each [`Layout`].
 struct Forms {
     single: String,
@@ -160,6 +212,40 @@ fn call(name: &str, params: usize) -> String {
 }
 
 impl Claim {
+    /// The row of the [`Opening`] that the claim's own call ran, if it did.
+    pub fn opened(&self) -> Option<Arc<Row>> {
+        self.opened.clone()
+    }
+
+    /// Runs `opening` for a claim whose own call did not (a key past its
+    /// TTL, a takeover before any link, no opening at the claim):
+    /// `Fence::Lost` when the claim was lost, and nothing was written.
+    pub async fn open(
+        &self,
+        client: &impl GenericClient,
+        opening: &Opening,
+    ) -> Result<(Fence, Arc<Row>), Error> {
+        let row = opening
+            .run(
+                client,
+                [
+                    &self.user_id,
+                    &self.key.as_str(),
+                    &self.hash.as_bytes(),
+                    &self.token,
+                    &self.policy.lease.as_secs_f64(),
+                    &self.policy.ttl.as_secs_f64(),
+                ],
+            )
+            .await?;
+        let fence = if row.try_get("won")? {
+            Fence::Held
+        } else {
+            Fence::Lost
+        };
+        Ok((fence, Arc::new(row)))
+    }
+
     /// Runs a [`Linking`] statement outside any transaction: the effect
     /// and its link commit together, or nothing does.
     pub async fn link_with(
@@ -171,7 +257,7 @@ impl Claim {
     ) -> Result<(Fence, Row), Error> {
         let ours: [&(dyn ToSql + Sync); 4] =
             [&self.user_id, &self.key.as_str(), &self.token, &effect];
-        let sql = statement.0.of(self.layout);
+        let sql = statement.0.of(self.policy.layout);
         self.query(client, sql, &ours, params).await
     }
 
@@ -194,7 +280,7 @@ impl Claim {
             &answer.location,
             &answer.body,
         ];
-        let sql = statement.0.of(self.layout);
+        let sql = statement.0.of(self.policy.layout);
         self.query(client, sql, &ours, params).await
     }
 

@@ -8,14 +8,16 @@
 //! Every statement names `user_id`, so each one touches one shard of a table
 //! distributed by it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::{
-    Claim, ClaimKind, Error, IdempotencyKey, Layout, Policy, RequestHash, Settling, StoredResponse,
+    Claim, ClaimKind, Error, IdempotencyKey, Opening, Policy, RequestHash, Settling, StoredResponse,
 };
 
 /// What the key row says about a request.
@@ -34,114 +36,71 @@ pub enum Begin {
     Limited(std::time::Duration),
 }
 
-/// Claims the key for this request, or says why not. The first call is the
-/// insert, and the same call reads the row a lost insert met, so that a
-/// replay costs one round trip, not two. Call it outside any transaction: it
-/// turns off the synchronous commit of the one it runs in.
-pub async fn begin(
-    client: &impl GenericClient,
-    policy: Policy,
-    user_id: &str,
-    key: &IdempotencyKey,
-    hash: &RequestHash,
-) -> Result<Begin, Error> {
-    let begun = claim(
-        client,
-        policy,
-        Settling::NEVER,
-        user_id,
-        key,
-        hash,
-        new_token(),
-    )
-    .await?;
-    Ok(begun.0)
+/// The claim: the key's insert, and the read of the row it lost to, in one
+/// call (the engine's V3): one round trip whether it wins or not. The
+/// insert commits without waiting for its WAL flush (V3 says why it may).
+/// With an [`Opening`], the call is the opening step's, which also makes
+/// the step's effect when the insert won, and commits as usual.
+const CLAIM: &str = "SELECT * FROM idempotency_claim($1, $2, $3, $4, $5, $6)";
+
+/// What a claim asks for: the key of a scope for one request, with the
+/// claim's token chosen by the caller (the Redis gate's lock holds it too).
+pub(crate) struct Ask<'a> {
+    pub user_id: &'a str,
+    pub key: &'a IdempotencyKey,
+    pub hash: &'a RequestHash,
+    pub token: i64,
 }
 
-/// The insert, and the read of the row it lost to, in one statement. The
-/// outer SELECT sees the table as it was when the statement began: never
-/// the row this insert made, and not a row that a concurrent request
-/// committed a moment later (the insert waits for it and loses; the next
-/// pass reads it).
-///
-/// The insert commits without waiting for its WAL flush
-/// (`synchronous_commit` off for this transaction only): nothing outside
-/// the database acts on a claim until the work's own transaction commits,
-/// and that commit waits for a flush that covers this insert's record too.
-/// A crash in between loses a claim that left nothing behind, so the retry
-/// starts afresh, as after a release.
-const CLAIM: &str = "WITH inserted AS (
-         INSERT INTO idempotency_keys (user_id, key, request_hash, claim_token, lease_expires_at)
-         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
-         ON CONFLICT (user_id, key) DO NOTHING
-         RETURNING 1
-     )
-     SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
-            EXISTS (SELECT 1 FROM inserted) AS won,
-            k.request_hash, k.claim_token, k.response_status,
-            k.response_content_type, k.response_location, k.response_body,
-            k.created_at <= now() - make_interval(secs => $6) AS expired,
-            COALESCE(k.lease_expires_at <= now(), false) AS lease_over,
-            extract(epoch FROM k.created_at + make_interval(secs => $6) - now())::float8
-                AS life_secs
-     FROM (VALUES (1)) AS one (x)
-     LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2";
-
-/// The same as one call (migrations/V3), for a distributed table: Citus
-/// runs it whole on the node that holds the row, where its relaxed commit
-/// applies; the statement above would be two subplans joined on the
-/// coordinator, with the relaxed commit the coordinator's.
-const CLAIM_CALL: &str = "SELECT won, request_hash, claim_token, response_status,
-            response_content_type, response_location, response_body,
-            expired, lease_over, life_secs
-     FROM idempotency_claim($1, $2, $3, $4, $5, $6)";
-
-/// [`begin`] with the claim's token chosen by the caller (the Redis gate's
-/// lock holds it too), keeping a key past its TTL whose effect is `settling`.
-/// Also says how long the key has to live, by the database's clock, at the
-/// latest as of when the statement was sent: a new or restarted key the
-/// whole TTL, a replayed or taken-over one what its row has left.
-#[tracing::instrument(name = "begin", skip_all, fields(user_id, key = %key))]
+/// Claims the key for this request, or says why not, keeping a key past
+/// its TTL whose effect is `settling`. Also says how long the key has to
+/// live, by the database's clock, at the latest as of when the statement
+/// was sent: a new or restarted key the whole TTL, a replayed or
+/// taken-over one what its row has left.
+#[tracing::instrument(name = "begin", skip_all, fields(user_id = asked.user_id, key = %asked.key))]
 pub(crate) async fn claim(
     client: &impl GenericClient,
     policy: Policy,
     settling: Settling,
-    user_id: &str,
-    key: &IdempotencyKey,
-    hash: &RequestHash,
-    token: i64,
+    asked: Ask<'_>,
+    opening: Option<&Opening>,
 ) -> Result<(Begin, Duration), Error> {
+    let Ask {
+        user_id,
+        key,
+        hash,
+        token,
+    } = asked;
     let mut claim = Claim {
         user_id: user_id.to_owned(),
         key: key.clone(),
         token,
         effect: None,
         kind: ClaimKind::First,
-        layout: policy.layout,
+        policy,
+        hash: *hash,
+        opened: None,
     };
+    let ours: [&(dyn ToSql + Sync); 6] = [
+        &user_id,
+        &key.as_str(),
+        &hash.as_bytes(),
+        &token,
+        &policy.lease.as_secs_f64(),
+        &policy.ttl.as_secs_f64(),
+    ];
     // A row can vanish (cleanup) or change (a takeover) between statements;
     // each pass re-reads it, and a few passes settle any interleaving.
     for _ in 0..3 {
-        let insert = client
-            .prepare_cached(match policy.layout {
-                Layout::Single => CLAIM,
-                Layout::Distributed => CLAIM_CALL,
-            })
-            .await?;
-        let row = client
-            .query_one(
-                &insert,
-                &[
-                    &user_id,
-                    &key.as_str(),
-                    &hash.as_bytes(),
-                    &claim.token,
-                    &policy.lease.as_secs_f64(),
-                    &policy.ttl.as_secs_f64(),
-                ],
-            )
-            .await?;
+        let row = match opening {
+            Some(opening) => opening.run(client, ours).await?,
+            None => {
+                let statement = client.prepare_cached(CLAIM).await?;
+                client.query_one(&statement, &ours).await?
+            }
+        };
         if row.try_get("won")? {
+            claim.opened = opening.map(|_| Arc::new(row));
             return Ok((Begin::Claimed(claim), policy.ttl));
         }
         let Some(row) = KeyRow::from_row(&row)? else {
@@ -181,6 +140,25 @@ pub(crate) async fn claim(
         }
     }
     Ok((Begin::InProgress, Duration::ZERO))
+}
+
+/// Claims the key for this request with a new token, or says why not.
+/// Call it outside any transaction: it turns off the synchronous commit of
+/// the one it runs in.
+pub async fn begin(
+    client: &impl GenericClient,
+    policy: Policy,
+    user_id: &str,
+    key: &IdempotencyKey,
+    hash: &RequestHash,
+) -> Result<Begin, Error> {
+    let asked = Ask {
+        user_id,
+        key,
+        hash,
+        token: new_token(),
+    };
+    Ok(claim(client, policy, Settling::NEVER, asked, None).await?.0)
 }
 
 /// What a request finds in the key row before it claims anything.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::engine::Decision;
 use crate::store::{self, Begin};
-use crate::{Claim, Done, Engine, IdempotencyKey, Policy, Reply, RequestHash, RunError};
+use crate::{Claim, Done, Engine, IdempotencyKey, Opening, Policy, Reply, RequestHash, RunError};
 
 /// The first poll comes this soon; each next one later, up to the cap.
 const FIRST_POLL: Duration = Duration::from_millis(10);
@@ -76,6 +76,7 @@ impl Engine {
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
+        opening: Option<&Opening>,
         wait: Duration,
         work: W,
     ) -> Result<Ran, RunError<E>>
@@ -93,7 +94,7 @@ impl Engine {
         // waits twice as long, and a wait costs a few reads, not hundreds.
         let mut first_poll = FIRST_POLL;
         loop {
-            let Decision { begun, gate, life } = self.decide(user_id, key, hash).await?;
+            let Decision { begun, gate, life } = self.decide(user_id, key, hash, opening).await?;
             let outcome = match begun {
                 Begin::InProgress if Instant::now() < deadline => {
                     if let Some(token) = gate {

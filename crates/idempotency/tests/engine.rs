@@ -26,7 +26,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 4);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 5);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(
@@ -90,12 +90,9 @@ async fn a_retry_gets_the_first_answer_byte_for_byte_and_the_work_runs_once() {
     let engine = toy.engine(Duration::from_secs(30), DAY);
     let (k, h) = (key("click-1"), hash("{}"));
     let first = engine
-        .run(
-            "alice",
-            &k,
-            &h,
-            |claim| async move { toy.bump(&claim).await },
-        )
+        .run("alice", &k, &h, None, |claim| async move {
+            toy.bump(&claim).await
+        })
         .await
         .unwrap();
     let Reply::First(answer) = first else {
@@ -103,12 +100,9 @@ async fn a_retry_gets_the_first_answer_byte_for_byte_and_the_work_runs_once() {
     };
     assert_eq!(answer.location.as_deref(), Some("/bumps/1"));
     let again = engine
-        .run(
-            "alice",
-            &k,
-            &h,
-            |claim| async move { toy.bump(&claim).await },
-        )
+        .run("alice", &k, &h, None, |claim| async move {
+            toy.bump(&claim).await
+        })
         .await
         .unwrap();
     assert!(
@@ -127,7 +121,7 @@ async fn the_same_key_with_another_request_or_of_another_user_is_no_replay() {
         let (engine, toy, k) = (&engine, &toy, &k);
         async move {
             engine
-                .run(user, k, &hash(body), |claim| async move {
+                .run(user, k, &hash(body), None, |claim| async move {
                     toy.bump(&claim).await
                 })
                 .await
@@ -157,10 +151,16 @@ async fn concurrent_duplicates_run_the_work_once() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 engine
-                    .run("alice", &key("storm"), &hash("{}"), |claim| async move {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        toy.bump(&claim).await
-                    })
+                    .run(
+                        "alice",
+                        &key("storm"),
+                        &hash("{}"),
+                        None,
+                        |claim| async move {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            toy.bump(&claim).await
+                        },
+                    )
                     .await
                     .unwrap()
             })
@@ -193,15 +193,17 @@ async fn the_claims_function_decides_as_its_statement_does() {
         let toy = toy.clone();
         async move { toy.bump(&claim).await }
     };
-    let Reply::First(answer) = engine.run("alice", &k, &h, bump).await.unwrap() else {
+    let Reply::First(answer) = engine.run("alice", &k, &h, None, bump).await.unwrap() else {
         panic!("a new key does the work");
     };
-    let again = engine.run("alice", &k, &h, bump).await.unwrap();
+    let again = engine.run("alice", &k, &h, None, bump).await.unwrap();
     assert!(
         matches!(again, Reply::Replay(ref r) if *r == answer),
         "{again:?}"
     );
-    let reused = engine.run("alice", &k, &hash("{\"x\":1}"), bump).await;
+    let reused = engine
+        .run("alice", &k, &hash("{\"x\":1}"), None, bump)
+        .await;
     assert!(matches!(reused.unwrap(), Reply::KeyReused));
 
     let barrier = Arc::new(Barrier::new(16));
@@ -329,14 +331,14 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
     let engine = toy.engine(Duration::from_secs(30), DAY);
     let (k, h) = (key("flaky"), hash("{}"));
     let failed = engine
-        .run("alice", &k, &h, |_| async {
+        .run("alice", &k, &h, None, |_| async {
             Err::<Done, _>("payment timeout")
         })
         .await;
     assert!(matches!(failed, Err(RunError::Work("payment timeout"))));
     let calls = AtomicUsize::new(0);
     let retried = engine
-        .run("alice", &k, &h, |claim| {
+        .run("alice", &k, &h, None, |claim| {
             calls.fetch_add(1, Ordering::SeqCst);
             let toy = &toy;
             async move { toy.bump(&claim).await }
@@ -352,7 +354,7 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
     // With an effect linked, a failure leaves the key in progress.
     let (k, h) = (key("linked"), hash("{}"));
     let failed = engine
-        .run("alice", &k, &h, |claim| async move {
+        .run("alice", &k, &h, None, |claim| async move {
             let mut client = toy.pool.get().await.unwrap();
             let unit = claim.unit(&mut client).await.unwrap();
             let fence = unit.link("effect-1").await.unwrap();
@@ -377,6 +379,7 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
                 "alice",
                 &key(&format!("old-{n}")),
                 &hash("{}"),
+                None,
                 |claim| async move { toy.bump(&claim).await },
             )
             .await
@@ -389,6 +392,7 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
             "alice",
             &key("old-0"),
             &hash("{\"another\":true}"),
+            None,
             |claim| async move {
                 assert_eq!(claim.kind, ClaimKind::Expired);
                 toy.bump(&claim).await
@@ -543,7 +547,7 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
     let engine = &engine;
     let bump = |k: &'static str| async move {
         engine
-            .run("alice", &key(k), &hash("{}"), |claim| async move {
+            .run("alice", &key(k), &hash("{}"), None, |claim| async move {
                 toy.bump(&claim).await
             })
             .await
@@ -568,9 +572,13 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
         "a retry of an answered key is never limited"
     );
     let other = engine
-        .run("bob", &key("second"), &hash("{}"), |claim| async move {
-            toy.bump(&claim).await
-        })
+        .run(
+            "bob",
+            &key("second"),
+            &hash("{}"),
+            None,
+            |claim| async move { toy.bump(&claim).await },
+        )
         .await
         .unwrap();
     assert!(

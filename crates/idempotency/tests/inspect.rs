@@ -71,7 +71,7 @@ impl Toy {
         let stored = answer.clone();
         let reply = self
             .engine(ttl)
-            .run(user, &key(k), &hash(), |_| async move {
+            .run(user, &key(k), &hash(), None, |_| async move {
                 Ok::<_, idempotency::Error>(Done::Answer(stored))
             })
             .await

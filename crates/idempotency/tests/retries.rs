@@ -164,7 +164,7 @@ async fn replays_409s_and_422s_spend_no_token_of_the_new_click_limit() {
     let engine = &engine;
     let run = |k: &'static str, body: &'static str| async move {
         engine
-            .run("alice", &key(k), &hash(body), |claim| async move {
+            .run("alice", &key(k), &hash(body), None, |claim| async move {
                 toy.answer(&claim).await
             })
             .await
@@ -208,7 +208,7 @@ async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
         let engine = &engine;
         async move {
             engine
-                .run("alice", &key(k), &hash("{}"), |claim| async move {
+                .run("alice", &key(k), &hash("{}"), None, |claim| async move {
                     assert_eq!(claim.kind, ClaimKind::Abandoned, "{k} is a takeover");
                     toy.answer(&claim).await
                 })
@@ -218,7 +218,7 @@ async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
     };
     // The bucket's one token goes to a new click; the takeover needs none.
     let fresh = engine
-        .run("alice", &key("b"), &hash("{}"), |claim| async move {
+        .run("alice", &key("b"), &hash("{}"), None, |claim| async move {
             toy.answer(&claim).await
         })
         .await
@@ -242,7 +242,7 @@ async fn redis_mode_a_claim_that_fails_after_the_lock_gives_the_lock_back() {
         .await
         .unwrap();
     let failed = engine
-        .run(&user, &key("a"), &hash("{}"), |claim| async move {
+        .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
             toy.answer(&claim).await
         })
         .await;
@@ -257,7 +257,7 @@ async fn redis_mode_a_claim_that_fails_after_the_lock_gives_the_lock_back() {
         .await
         .unwrap();
     let retried = engine
-        .run(&user, &key("a"), &hash("{}"), |claim| async move {
+        .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
             toy.answer(&claim).await
         })
         .await
@@ -281,7 +281,7 @@ async fn redis_mode_a_request_that_lost_its_claim_leaves_the_takers_lock_alone()
         let taker_in = taker_in.clone();
         tokio::spawn(async move {
             engine
-                .run(&user, &key("a"), &hash("{}"), |_claim| async move {
+                .run(&user, &key("a"), &hash("{}"), None, |_claim| async move {
                     taker_in.notified().await;
                     Ok::<_, Error>(Done::Answer(StoredResponse::new(
                         200,
@@ -301,7 +301,7 @@ async fn redis_mode_a_request_that_lost_its_claim_leaves_the_takers_lock_alone()
         let (taker_in, taker_go) = (taker_in.clone(), taker_go.clone());
         tokio::spawn(async move {
             engine
-                .run(&user, &key("a"), &hash("{}"), |claim| async move {
+                .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
                     assert_eq!(claim.kind, ClaimKind::Abandoned);
                     taker_in.notify_one();
                     taker_go.notified().await;
@@ -361,6 +361,7 @@ async fn a_waiter_turned_away_by_the_lock_backs_off_instead_of_spinning() {
             &user,
             &key("a"),
             &hash("{}"),
+            None,
             Duration::from_secs(2),
             |claim| async move { toy.answer(&claim).await },
         )
@@ -387,7 +388,7 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     };
     let effect = toy.link_pending(&claim).await;
     let first = engine
-        .run("alice", &answered, &hash("{}"), |claim| async move {
+        .run("alice", &answered, &hash("{}"), None, |claim| async move {
             toy.answer(&claim).await
         })
         .await
@@ -405,7 +406,7 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     // Its retry after the TTL finishes the old intent: it resumes the
     // linked effect, never starts afresh without it.
     let resumed = engine
-        .run("alice", &settling, &hash("{}"), |claim| async move {
+        .run("alice", &settling, &hash("{}"), None, |claim| async move {
             assert_eq!(claim.kind, ClaimKind::Abandoned);
             assert_eq!(claim.effect, Some(effect.to_string()));
             toy.answer(&claim).await

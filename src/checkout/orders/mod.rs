@@ -29,6 +29,7 @@ use crate::db::DbError;
 use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
+pub use place::Click;
 pub use settle::{record_decision, Settlement};
 pub use status::{OrderStatus, PaymentMethod};
 

@@ -1,34 +1,72 @@
 //! A claimed click on "pay": make the order (or resume the one an earlier
-//! holder of the key made), charge it, settle it. Two one-call units of
-//! the claim (`idempotency::Linking`, then `Storing`), and Payrail between
-//! them with no transaction and no connection held. Each unit is one
-//! statement on one PostgreSQL, and a call of a function of
-//! `migrations/V7` on Citus (`idempotency::Layout`): there the holds stay
-//! on the coordinator and the order and its key go to the buyer's worker,
-//! with the commit on those two nodes alone.
+//! holder of the key made), charge it, settle it. The order is the claim's
+//! opening step (`idempotency::Opening`, the function of
+//! `migrations/V9`): one call and one commit for the key, the holds, the
+//! order and its link. Then Payrail, with no transaction and no connection
+//! held, and the settlement, one call (`idempotency::Storing`). On Citus
+//! the holds stay on the coordinator and the order and its key go to the
+//! buyer's worker, with each commit on those two nodes alone.
 
-use std::sync::LazyLock;
-
-use idempotency::{Claim, Done, Fence, Linking};
+use idempotency::{Claim, Done, Fence, Opening};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{settle, NewOrder, Order, OrderStatus, Orders, CURRENCY};
 use crate::checkout::CheckoutError;
 
+/// A click's order as asked, before its key is claimed: the order's id and
+/// the call that makes it are chosen once, so that the claim's own call can
+/// make the order.
+pub struct Click {
+    order_id: Uuid,
+    request: NewOrder,
+    opening: Opening,
+}
+
+impl Click {
+    pub fn new(request: NewOrder) -> Self {
+        let order_id = Uuid::new_v4();
+        let opening = Opening::new(
+            "checkout_place_order",
+            vec![
+                Box::new(order_id),
+                Box::new(request.hold_ids.clone()),
+                Box::new(CURRENCY),
+                Box::new(request.payment_method.as_str().to_owned()),
+            ],
+        );
+        Self {
+            order_id,
+            request,
+            opening,
+        }
+    }
+}
+
 impl Orders {
+    /// The step the claim of `buyer`'s click opens with: none while Payrail
+    /// is known to be down to this buyer, so that a new click writes
+    /// nothing (its key is released) while a retry is still answered.
+    pub fn opening<'c>(&self, buyer: &str, click: &'c Click) -> Option<&'c Opening> {
+        self.payrail.ready(buyer).is_ok().then_some(&click.opening)
+    }
+
     /// Does the work of a claimed `POST /orders`. A refusal (holds
-    /// unavailable, an invalid order) comes back as an error that wrote
-    /// nothing; so does a failure to reach Payrail before the order exists.
+    /// unavailable) comes back as an error that wrote nothing but the key;
+    /// so does a failure to reach Payrail before the order exists.
     #[tracing::instrument(skip_all, fields(user_id = %claim.user_id, key = %claim.key))]
-    pub async fn place(&self, claim: &Claim, request: &NewOrder) -> Result<Done, CheckoutError> {
+    pub async fn place(&self, claim: &Claim, click: &Click) -> Result<Done, CheckoutError> {
         let order = match &claim.effect {
             Some(effect) => self.resume(&claim.user_id, effect).await?,
             None => {
-                // Fail before writing anything while Payrail is known to be
-                // down: the key is then released and a retry starts afresh.
-                self.payrail.ready(&claim.user_id)?;
-                match self.create(claim, request).await? {
+                if claim.opened().is_none() {
+                    // Payrail was down when the claim was made, or the claim
+                    // was won another way: fail before writing anything
+                    // while Payrail is known to be down. The key is then
+                    // released and a retry starts afresh.
+                    self.payrail.ready(&claim.user_id)?;
+                }
+                match self.create(claim, click).await? {
                     Some(order) => order,
                     None => return Ok(Done::Fenced),
                 }
@@ -58,79 +96,37 @@ impl Orders {
             })
     }
 
-    /// Makes the order in one call that also links it to the claimed
-    /// key (so that a takeover resumes it): the buyer's live holds locked in
-    /// id order and claimed, the order written, all or nothing, and nothing
-    /// at all once the claim is lost. `None` when it was lost.
+    /// The order of the claim's opening step: the buyer's live holds locked
+    /// in id order and claimed, the order written and linked to the key
+    /// (so that a takeover resumes it), all or nothing, and nothing at all
+    /// once the claim is lost. `None` when it was lost.
     #[tracing::instrument(name = "create order", skip_all)]
-    async fn create(
-        &self,
-        claim: &Claim,
-        request: &NewOrder,
-    ) -> Result<Option<Order>, CheckoutError> {
-        // $1 user_id and $2 key are the engine's (Linking); ours start at $5:
-        // $5 order_id, $6 hold_ids, $7 currency, $8 payment_method.
-        static CREATE: LazyLock<Linking> = LazyLock::new(|| {
-            Linking::new(
-                "held AS (
-                     SELECT h.hold_id, s.label, s.price_cents
-                     FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-                     WHERE h.hold_id = ANY ($6) AND h.user_id = $1
-                       AND h.order_id IS NULL AND h.expires_at > now()
-                     ORDER BY h.hold_id
-                     FOR UPDATE OF h
-                 ), decision AS (
-                     SELECT EXISTS (SELECT 1 FROM claim)
-                            AND (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS go,
-                            (SELECT count(*) FROM held) = cardinality($6::bigint[]) AS all_held
-                 ), claimed AS (
-                     UPDATE holds SET order_id = $5
-                     WHERE hold_id IN (SELECT hold_id FROM held) AND (SELECT go FROM decision)
-                 ), inserted AS (
-                     INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
-                                         payment_method, hold_ids, seats, idempotency_key)
-                     SELECT $5, $1, 'payment_pending', sum(price_cents)::bigint, $7, $8, $6,
-                            array_agg(label ORDER BY array_position($6, hold_id)), $2
-                     FROM held
-                     HAVING (SELECT go FROM decision)
-                     RETURNING created_at, amount_cents, seats
-                 )",
-                "(SELECT all_held FROM decision)",
-                "d.all_held, i.created_at, i.amount_cents, i.seats
-                 FROM decision d LEFT JOIN inserted i ON true",
-            )
-            .distributed_as("checkout_place_order", 4)
-        });
-        let order_id = Uuid::new_v4();
-        let client = self.pool.get().await?;
-        let (fence, row) = claim
-            .link_with(
-                &client,
-                &CREATE,
-                &order_id.to_string(),
-                &[
-                    &order_id,
-                    &request.hold_ids,
-                    &CURRENCY,
-                    &request.payment_method.as_str(),
-                ],
-            )
-            .await?;
-        if fence == Fence::Lost {
-            return Ok(None);
-        }
-        if !row.try_get::<_, bool>("all_held")? {
+    async fn create(&self, claim: &Claim, click: &Click) -> Result<Option<Order>, CheckoutError> {
+        let opened = match claim.opened() {
+            Some(row) => row,
+            None => {
+                let client = self.pool.get().await?;
+                match claim.open(&client, &click.opening).await? {
+                    (Fence::Held, row) => row,
+                    (Fence::Lost, _) => return Ok(None),
+                }
+            }
+        };
+        if !opened.try_get::<_, bool>("all_held")? {
             return Err(CheckoutError::HoldUnavailable);
         }
+        let request = &click.request;
         Ok(Some(Order {
-            order_id,
+            order_id: click.order_id,
             status: OrderStatus::PaymentPending,
-            amount_cents: row.try_get("amount_cents")?,
+            amount_cents: opened.try_get("amount_cents")?,
             currency: CURRENCY.to_owned(),
             hold_ids: request.hold_ids.clone(),
-            seats: row.try_get("seats")?,
+            seats: opened.try_get("seats")?,
             charge_id: None,
-            created_at: crate::checkout::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
+            created_at: crate::checkout::rfc3339(
+                opened.try_get::<_, OffsetDateTime>("created_at")?,
+            ),
             payment_method: request.payment_method.clone(),
             user_id: claim.user_id.clone(),
             idempotency_key: claim.key.as_str().to_owned(),

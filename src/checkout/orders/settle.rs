@@ -35,27 +35,11 @@ pub(super) async fn claimed(
     outcome: &ChargeOutcome,
     claim: &Claim,
 ) -> Result<Done, CheckoutError> {
-    // $8 order_id, $9 status, $10 charge_id ($1-$7 are the engine's). On
-    // Citus the function of migrations/V7, for the same reason as the
-    // order's (place.rs).
-    static SETTLE: LazyLock<Storing> = LazyLock::new(|| {
-        Storing::new(
-            "settled AS (
-                 UPDATE orders SET status = $9, charge_id = $10, updated_at = now()
-                 WHERE user_id = $1 AND order_id = $8 AND status = 'payment_pending'
-                   AND cancel_requested_at IS NULL
-                 RETURNING 1
-             ), holds_settled AS (
-                 UPDATE holds
-                 SET order_id = CASE WHEN $9 = 'paid' THEN order_id END,
-                     sold = $9 = 'paid'
-                 WHERE order_id = $8 AND EXISTS (SELECT 1 FROM settled)
-             )",
-            "EXISTS (SELECT 1 FROM settled)",
-            "EXISTS (SELECT 1 FROM settled) AS settled",
-        )
-        .distributed_as("checkout_settle_claimed", 3)
-    });
+    // The function of migrations/V7, on one PostgreSQL and on Citus alike
+    // (place.rs says why): $1-$7 are the engine's, then the order's id, its
+    // new status and Payrail's charge id.
+    static SETTLE: LazyLock<Storing> =
+        LazyLock::new(|| Storing::function("checkout_settle_claimed", 3));
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
