@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use crate::auth::{BuyerId, Tokens};
 use crate::checkout::seats;
 use crate::config::Settings;
-use crate::jobs::cleanup::{Cleanup, Outcome};
+use crate::jobs::cleanup::{Cleanup, Swept};
 use crate::startup::{prepare_database, Application};
 use crate::{db, telemetry};
 
@@ -125,8 +125,8 @@ async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::Cleanup => {
             let pool = db::pool(&settings.database)?;
             match Cleanup::new(pool, settings.idempotency.ttl()).run().await? {
-                Outcome::Deleted(rows) => println!("{rows}"),
-                Outcome::Skipped => {
+                Swept::Deleted(rows) => println!("{rows}"),
+                Swept::Skipped => {
                     anyhow::bail!("another instance is cleaning up right now; try again later")
                 }
             }

@@ -14,7 +14,7 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::{AnswerCache, Engine, Gate, Layout, Policy};
+use idempotency::{AnswerCache, Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::{KeySource, Provider, Verifier};
@@ -168,13 +168,9 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
             .await
             .context("connecting to Redis (redis.url)")?,
     };
-    let layout = Layout::of(&pool.get().await?)
-        .await
-        .context("reading the key table's layout")?;
     let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
-        layout,
     };
     let limit = settings.limits.limit();
     let mut engine = Engine::new(pool.clone(), policy)

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency::{IdempotencyKey, Layout, RequestHash};
+use idempotency::{IdempotencyKey, RequestHash};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 use stagedoor_checkout::config::LockMode;
@@ -312,9 +312,6 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
     });
 
     let settings = bench.settings(LockMode::Table);
-    let layout = Layout::of(&app.pool.get().await.expect("a connection"))
-        .await
-        .expect("the key table's layout");
     let http = fixtures::client(CONCURRENCY);
     // Both servers get the replay's request, byte for byte, so that the load
     // generator, which shares the cores with them, does the same work for
@@ -370,7 +367,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
             key: IdempotencyKey::parse(key.as_bytes()).expect("a valid key"),
             hash: RequestHash::of("POST", "/orders", request.as_bytes()),
         };
-        let bare = servers::bare(&settings, layout, query, replayed);
+        let bare = servers::bare(&settings, query, replayed);
         let (bare_stats, replay_stats) = load::abba(
             bench.profile.pairs,
             CONCURRENCY,

@@ -12,7 +12,7 @@ use actix_web::dev::{ServerHandle, ServiceFactory, ServiceRequest, ServiceRespon
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use deadpool_postgres::Pool;
-use idempotency::{store, Begin, IdempotencyKey, Layout, Policy, RequestHash};
+use idempotency::{store, Begin, IdempotencyKey, Policy, RequestHash};
 use secrecy::SecretString;
 use serde::Deserialize;
 use stagedoor_checkout::config::{LockMode, Settings};
@@ -122,12 +122,11 @@ pub struct Replayed {
 /// by `db::pool` (same size, same recycling, same plans), one query per
 /// request, the stored answer's bytes as the body. No auth, no middleware;
 /// the request (a `POST`, the replay's own) is taken and not looked at.
-pub fn bare(settings: &Settings, layout: Layout, query: BareQuery, replayed: Replayed) -> Plain {
+pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
     let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
-        layout,
     };
     let state = web::Data::new((pool, query, replayed, policy));
     serve(settings, move || {

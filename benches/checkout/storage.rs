@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use stagedoor_checkout::jobs::cleanup::{Cleanup, Outcome};
+use stagedoor_checkout::jobs::cleanup::{Cleanup, Swept};
 use tokio_util::sync::CancellationToken;
 
 use crate::load;
@@ -251,7 +251,7 @@ pub async fn cleanup(bench: &mut Bench, app: &RunningApp) {
     let during = load::open(rate, Duration::from_secs(1), max_during, stop, 512, send()).await;
     let (outcome, elapsed) = cleaning.await.expect("cleanup task");
     let deleted = match outcome {
-        Ok(Outcome::Deleted(n)) => n,
+        Ok(Swept::Deleted(n)) => n,
         other => panic!("cleanup did not run: {other:?}"),
     };
     println!("  during, {rate:.0}/s: {}", during.summary());

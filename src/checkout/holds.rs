@@ -56,7 +56,7 @@ pub async fn place_claimed(
     };
     let response = answer(&hold);
     let fence = unit.store(&response).await?;
-    Ok(Done::stored(unit.finish(fence).await?, response))
+    Ok(unit.finish(fence).await?.answered(response))
 }
 
 /// Holds a seat for `policy.ttl`: `SeatUnavailable` when a live hold or an

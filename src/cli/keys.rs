@@ -11,8 +11,8 @@ use anyhow::Context;
 use base64::Engine as _;
 use clap::{Args, Subcommand};
 use deadpool_postgres::GenericClient;
-use idempotency::inspect::{self, KeyReport, Purge, Refusal, Stats};
-use idempotency::{IdempotencyKey, KeyError, Layout, Policy};
+use idempotency::inspect::{self, KeyReport, Purge, PurgeRefusal, Stats};
+use idempotency::{IdempotencyKey, KeyError, Policy};
 use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -85,7 +85,6 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
     let policy = Policy {
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
-        layout: Layout::of(&client).await?,
     };
     let status = match command {
         KeysCommand::Show { click, body } => {
@@ -130,7 +129,7 @@ fn print(document: &impl Serialize) -> anyhow::Result<()> {
 }
 
 /// The one line a refusal explains itself with.
-fn why(refusal: Refusal, document: &Document) -> String {
+fn why(refusal: PurgeRefusal, document: &Document) -> String {
     let order = document
         .row
         .as_ref()
@@ -138,14 +137,14 @@ fn why(refusal: Refusal, document: &Document) -> String {
         .map(|effect| effect.id.as_str())
         .unwrap_or("?");
     match refusal {
-        Refusal::InProgress => {
+        PurgeRefusal::InProgress => {
             format!("{refusal}; forgotten now, a retry of the click could make a second order")
         }
-        Refusal::Settling => format!(
+        PurgeRefusal::Settling => format!(
             "its order {order} is still payment_pending (Payrail's answer is not in yet); \
              forgotten now, a retry of the click could charge a second time"
         ),
-        Refusal::Rearms => {
+        PurgeRefusal::Rearms => {
             let (status, expires_at) = document.row.as_ref().map_or(("?", "?"), |row| {
                 let status = row
                     .effect

@@ -41,7 +41,7 @@ where
     let wait = actix::preferred_wait(req).map(|asked| asked.min(state.max_wait_secs));
     let ran = state
         .engine
-        .run_waiting(
+        .run(
             buyer.as_str(),
             &key,
             &hash,

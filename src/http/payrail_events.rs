@@ -105,7 +105,7 @@ pub async fn receive(
     let hash = actix::fingerprint(&req, &bytes);
     let ran = events
         .engine
-        .run_waiting(
+        .run(
             EVENT_SCOPE,
             &key,
             &hash,

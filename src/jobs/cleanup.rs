@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use idempotency::cleanup::Cleanup as Engine;
-pub use idempotency::cleanup::Outcome;
+pub use idempotency::cleanup::Swept;
 
 use crate::checkout::orders;
 use crate::observe;
@@ -34,23 +33,23 @@ impl RunResult {
 }
 
 #[derive(Clone)]
-pub struct Cleanup(Engine);
+pub struct Cleanup(idempotency::Cleanup);
 
 impl Cleanup {
     /// A key whose order is still waiting for its payment outlives its TTL
     /// until the order settles (`orders::SETTLING`, as `keys purge` decides).
     pub fn new(pool: Pool, ttl: Duration) -> Self {
-        Self(Engine::new(pool, ttl).with_settling(orders::SETTLING))
+        Self(idempotency::Cleanup::new(pool, ttl).with_settling(orders::SETTLING))
     }
 
-    pub async fn run(&self) -> Result<Outcome, idempotency::Error> {
+    pub async fn run(&self) -> Result<Swept, idempotency::Error> {
         self.0.run().await
     }
 
     pub async fn run_logged(&self) {
         let started = Instant::now();
         match self.run().await {
-            Ok(Outcome::Deleted(rows)) => {
+            Ok(Swept::Deleted(rows)) => {
                 observe::cleanup_run(RunResult::Done, rows);
                 tracing::info!(
                     rows,
@@ -58,7 +57,7 @@ impl Cleanup {
                     "deleted expired idempotency keys"
                 )
             }
-            Ok(Outcome::Skipped) => {
+            Ok(Swept::Skipped) => {
                 observe::cleanup_run(RunResult::Skipped, 0);
                 tracing::debug!("key cleanup already running elsewhere")
             }

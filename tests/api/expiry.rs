@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idempotency::cleanup::CLEANUP_LOCK;
-use stagedoor_checkout::jobs::cleanup::{Cleanup, Outcome};
+use stagedoor_checkout::jobs::cleanup::{Cleanup, Swept};
 
 use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen};
 use crate::invariants::assert_invariants;
@@ -78,7 +78,7 @@ async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
         .execute("SELECT pg_advisory_lock($1)", &[&CLEANUP_LOCK])
         .await
         .unwrap();
-    assert_eq!(cleanup.run().await.unwrap(), Outcome::Skipped);
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Skipped);
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_keys").await,
         12_355
@@ -108,7 +108,7 @@ async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
             statuses
         })
     };
-    assert_eq!(cleanup.run().await.unwrap(), Outcome::Deleted(12_345));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(12_345));
     assert!(traffic.await.unwrap().iter().all(|s| *s == 201));
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_keys WHERE user_id = 'load'")
@@ -160,7 +160,7 @@ async fn a_click_still_settling_past_the_ttl_keeps_its_key_and_its_order() {
 
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let cleanup = Cleanup::new(pool, app.settings.idempotency.ttl());
-    assert_eq!(cleanup.run().await.unwrap(), Outcome::Deleted(0));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(0));
     let linked = "SELECT count(*) FROM idempotency_keys WHERE effect IS NOT NULL";
     assert_eq!(app.count(linked).await, 1, "the settling key stays, linked");
 

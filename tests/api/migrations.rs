@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idempotency::store;
-use idempotency::{Begin, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse};
+use idempotency::{Begin, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use uuid::Uuid;
 
 use crate::helpers::{self, TestDatabase};
@@ -85,7 +85,6 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
     let policy = Policy {
         ttl: Duration::from_secs(86_400),
         lease: Duration::from_secs(30),
-        layout: Layout::default(),
     };
     let begin = |key: &'static str| {
         let (pooled, hash) = (&pooled, &hash);

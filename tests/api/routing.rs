@@ -193,7 +193,6 @@ async fn the_layout_is_read_from_the_key_table() {
 const POLICY: Policy = Policy {
     ttl: Duration::from_secs(86_400),
     lease: Duration::from_secs(30),
-    layout: Layout::Distributed,
 };
 
 #[tokio::test]
@@ -218,10 +217,10 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
     assert_routed("the claim again", &db.sent(), &worker, "idempotency_claim(");
 
     // The key's read without a claim (a request the Redis gate turned away).
-    let seen = store::existing(&db.client, POLICY, "alice", &key, &hash)
+    let (seen, _) = store::look(&db.client, POLICY, "alice", &key, &hash)
         .await
         .expect("read");
-    assert!(matches!(seen, Some(store::Begin::InProgress)));
+    assert!(matches!(seen, store::Begin::InProgress));
     assert_routed("the key's read", &db.sent(), &worker, "idempotency_keys");
 }
 

@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use idempotency::store;
-use idempotency::{
-    Begin, Done, Fence, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse,
-};
+use idempotency::{Begin, Done, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::{Click, NewOrder, Orders};
 use stagedoor_checkout::{http, payrail};
@@ -102,12 +100,10 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let hold = app.hold("alice", seats[0]).await;
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
-    let layout = Layout::of(&pool.get().await.unwrap()).await.unwrap();
     let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer);
     let policy = Policy {
         ttl: Duration::from_secs(3600),
         lease: Duration::from_secs(1),
-        layout,
     };
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");

@@ -28,7 +28,7 @@ pub struct Cleanup {
 
 /// What a run did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Swept {
     Deleted(u64),
     /// Another instance was already cleaning.
     Skipped,
@@ -53,21 +53,21 @@ impl Cleanup {
 
     /// Deletes every expired key, batch by batch, unless another instance is
     /// at it already.
-    pub async fn run(&self) -> Result<Outcome, Error> {
+    pub async fn run(&self) -> Result<Swept, Error> {
         let client = self.pool.get().await?;
         let locked: bool = client
             .query_one("SELECT pg_try_advisory_lock($1)", &[&CLEANUP_LOCK])
             .await?
             .try_get(0)?;
         if !locked {
-            return Ok(Outcome::Skipped);
+            return Ok(Swept::Skipped);
         }
         match self.delete_in_batches(&client).await {
             Ok(deleted) => {
                 client
                     .execute("SELECT pg_advisory_unlock($1)", &[&CLEANUP_LOCK])
                     .await?;
-                Ok(Outcome::Deleted(deleted))
+                Ok(Swept::Deleted(deleted))
             }
             Err(error) => {
                 // Close this connection instead of pooling it: the lock goes with it.

@@ -1,181 +1,26 @@
-//! The flow of one keyed request: claim or read the key, run the work at most
-//! once, store its answer, and say what to answer. Knows SQL, not HTTP.
+//! The engine and the whole flow of one keyed request, in the order it
+//! runs: [`Engine::run`] answers from the cache or [`decide`](Engine::decide)s
+//! (claims the key, or reads what it holds), waits while another request
+//! holds the intent (a wait of zero does not), does the [`work`](Engine::work)
+//! of a claim at most once and stores its answer, and says what to answer.
+//! Knows SQL, not HTTP.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio_postgres::Row;
+use tokio::time::Instant;
 
 use crate::cache::{Asked, Cached};
+use crate::claim::{Claim, Done, Policy};
+use crate::reply::{Outcome, Ran, Reply, RunError};
 use crate::store::{self, Begin, Found};
-use crate::unit::{self, Committed, Fence};
-use crate::wait::{WaitOutcome, Waiters};
+use crate::unit::{self, Fence};
+use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
 use crate::{
-    AnswerCache, Error, Gate, IdempotencyKey, Layout, Limit, Opening, RequestHash, Settling,
-    StoredResponse,
+    AnswerCache, Error, Gate, IdempotencyKey, Limit, Opening, RequestHash, Settling, StoredResponse,
 };
-
-/// Lifetimes of a key: how long it means the same intent, and how long an
-/// in-progress claim belongs to its request before another may take it over.
-#[derive(Debug, Clone, Copy)]
-pub struct Policy {
-    pub ttl: Duration,
-    pub lease: Duration,
-    /// The form of the claim ([`Layout::of`]).
-    pub layout: Layout,
-}
-
-/// The right to do the work of one intent, until the lease runs out.
-#[derive(Debug, Clone)]
-pub struct Claim {
-    /// The scope the key belongs to (the buyer, the tenant): two scopes never
-    /// share a key.
-    pub user_id: String,
-    pub key: IdempotencyKey,
-    /// Fences every write after the claim: 62 random bits, new per claim.
-    pub token: i64,
-    /// The effect an earlier holder of this key linked and that is still
-    /// settling, when this claim is a takeover: resume it, never make another.
-    pub effect: Option<String>,
-    pub kind: ClaimKind,
-    /// The engine's policy: the layout says which form of a
-    /// [`Linking`](crate::Linking) or [`Storing`](crate::Storing) step the
-    /// claim runs; the lease and TTL are its [`Opening`]'s arguments.
-    pub(crate) policy: Policy,
-    pub(crate) hash: RequestHash,
-    /// The row of the [`Opening`] that the claim's own call ran, when it
-    /// did (see [`Claim::open`]).
-    pub(crate) opened: Option<Arc<Row>>,
-}
-
-/// How a claim was won.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimKind {
-    /// The key was new.
-    First,
-    /// The key was past its TTL: a new intent under an old key.
-    Expired,
-    /// The key was in progress past its lease: this claim finishes the intent.
-    Abandoned,
-}
-
-impl ClaimKind {
-    /// A new intent, which the scope's limit counts; a takeover of an
-    /// abandoned claim finishes one.
-    fn starts_intent(self) -> bool {
-        self != ClaimKind::Abandoned
-    }
-
-    fn outcome(self) -> Outcome {
-        match self {
-            ClaimKind::First => Outcome::First,
-            ClaimKind::Expired => Outcome::ExpiredTakeover,
-            ClaimKind::Abandoned => Outcome::LeaseTakeover,
-        }
-    }
-}
-
-/// How the work of a claim ended, as the work reports it.
-#[derive(Debug)]
-pub enum Done {
-    /// The work's effect and this answer are durable together: committed by
-    /// the work ([`Unit::store`](crate::Unit::store), then `finish`), or by
-    /// whoever settled the effect the claim linked
-    /// ([`store_for_effect`](crate::store_for_effect)) while the work waited.
-    Stored(StoredResponse),
-    /// An answer that no durable effect stands behind (a refusal made before
-    /// anything was written): the engine stores it.
-    Answer(StoredResponse),
-    /// The claim was lost to a takeover before the answer could be stored.
-    Fenced,
-}
-
-impl Done {
-    /// How a unit that stored `answer` ended, as the work reports it.
-    pub fn stored(committed: Committed, answer: StoredResponse) -> Self {
-        match committed {
-            Committed::Done => Done::Stored(answer),
-            Committed::Fenced => Done::Fenced,
-        }
-    }
-}
-
-/// What to answer the request.
-#[derive(Debug)]
-pub enum Reply {
-    /// This request did the work; its answer, as stored.
-    First(StoredResponse),
-    /// The intent's stored answer, again.
-    Replay(StoredResponse),
-    /// Another request holds the intent right now: come back shortly.
-    InProgress,
-    /// The key was first used for a different request; never its answer.
-    KeyReused,
-    /// A new intent past the scope's limit: nothing was written; come back
-    /// after this long.
-    Limited(Duration),
-}
-
-/// A failure of a keyed request: the engine's, or the work's own. A work
-/// error is not an answer and is never stored: the key is given back when no
-/// effect was linked, and stays in progress (for a takeover or a settling
-/// job to finish) when one was.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError<E> {
-    #[error(transparent)]
-    Store(#[from] Error),
-    #[error(transparent)]
-    Work(E),
-}
-
-/// What the key decided, for metrics: every request ends in one of these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    First,
-    Replay,
-    InProgress,
-    KeyReused,
-    ExpiredTakeover,
-    LeaseTakeover,
-    /// A new intent refused by the scope's [`Limit`](crate::Limit).
-    RateLimited,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 7] = [
-        Outcome::First,
-        Outcome::Replay,
-        Outcome::InProgress,
-        Outcome::KeyReused,
-        Outcome::ExpiredTakeover,
-        Outcome::LeaseTakeover,
-        Outcome::RateLimited,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::First => "first",
-            Outcome::Replay => "replay",
-            Outcome::InProgress => "in_progress",
-            Outcome::KeyReused => "key_reused",
-            Outcome::ExpiredTakeover => "expired_takeover",
-            Outcome::LeaseTakeover => "lease_takeover",
-            Outcome::RateLimited => "rate_limited",
-        }
-    }
-
-    fn of(begun: &Begin) -> Self {
-        match begun {
-            Begin::Claimed(claim) => claim.kind.outcome(),
-            Begin::Replay(_) => Outcome::Replay,
-            Begin::InProgress => Outcome::InProgress,
-            Begin::KeyReused => Outcome::KeyReused,
-            Begin::Limited(_) => Outcome::RateLimited,
-        }
-    }
-}
 
 /// The engine: a pool on the database that holds `idempotency_keys`
 /// ([`migrate`](crate::migrate) makes it), the key policy, the optional
@@ -255,29 +100,74 @@ impl Engine {
 
     /// Runs `work` at most once for this (scope, key, request) and says what
     /// to answer. The work gets the claim; it makes its effect in a
-    /// [`Unit`](crate::Unit) of the claim, or in one-call steps of it
-    /// (`opening` first, see [`Opening`]), and reports how it ended.
+    /// [`Unit`](crate::Unit) of the claim, or in steps of one call
+    /// (`opening` first, run with the claim: see [`Opening`]), and reports
+    /// how it ended. A request that finds its key in progress waits up to
+    /// `wait` for the holder's answer (zero: it does not) before it gives up
+    /// with [`Reply::InProgress`].
     pub async fn run<W, Fut, E>(
         &self,
         user_id: &str,
         key: &IdempotencyKey,
         hash: &RequestHash,
         opening: Option<&Opening>,
+        wait: Duration,
         work: W,
-    ) -> Result<Reply, RunError<E>>
+    ) -> Result<Ran, RunError<E>>
     where
         W: FnOnce(Claim) -> Fut,
         Fut: Future<Output = Result<Done, E>>,
     {
-        let ran = self
-            .run_waiting(user_id, key, hash, opening, Duration::ZERO, work)
-            .await?;
-        Ok(ran.reply)
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut waited = false;
+        // How soon a poller this waiter starts reads first. A waiter woken
+        // (the lease ran out, the row went) but then turned away again (the
+        // Redis lock of the request that took over) finds the row as it
+        // left it, so the next poll would wake it at once: each such round
+        // waits twice as long, and a wait costs a few reads, not hundreds.
+        let mut first_poll = FIRST_POLL;
+        loop {
+            let Decision { begun, gate, life } = self.decide(user_id, key, hash, opening).await?;
+            let outcome = match begun {
+                Begin::InProgress if Instant::now() < deadline => {
+                    if let Some(token) = gate {
+                        self.gate.leave(user_id, key, token).await;
+                    }
+                    if waited {
+                        first_poll = (first_poll * 2).min(POLL_CAP);
+                    }
+                    waited = true;
+                    self.waiters
+                        .wait(&self.pool, self.policy, user_id, key, deadline, first_poll)
+                        .await;
+                    continue;
+                }
+                Begin::Claimed(claim) => {
+                    let reply = self.work(claim, hash, life, work).await?;
+                    (reply, WaitOutcome::TookOver)
+                }
+                Begin::InProgress | Begin::Limited(_) => (
+                    self.decided(begun, gate, user_id, key).await,
+                    WaitOutcome::TimedOut,
+                ),
+                other => (
+                    self.decided(other, gate, user_id, key).await,
+                    WaitOutcome::Answered,
+                ),
+            };
+            let (reply, outcome) = outcome;
+            let waited = waited.then(|| (outcome, started.elapsed()));
+            if let Some((outcome, took)) = waited {
+                (self.observe_wait)(outcome, took);
+            }
+            return Ok(Ran { reply, waited });
+        }
     }
 
     /// Answers from the cache, or claims the key, or reads what it holds:
     /// through the gate when there is one.
-    pub(crate) async fn decide(
+    async fn decide(
         &self,
         user_id: &str,
         key: &IdempotencyKey,
@@ -317,7 +207,7 @@ impl Engine {
                     let client = self.pool.get().await?;
                     match store::find(&client, self.policy, user_id, key, hash).await? {
                         (Found::Decided(begun), life) => return Ok(learned(begun, None, life)),
-                        (Found::Abandoned, _) => None,
+                        (Found::Abandoned(_), _) => None,
                         (Found::New, _) => return Ok(Decision::of(Begin::Limited(wait))),
                     }
                 }
@@ -370,14 +260,13 @@ impl Engine {
             };
             store::claim(&client, self.policy, self.settling, asked, opening).await
         } else {
-            let (begun, life) = store::look(&client, self.policy, user_id, key, hash).await?;
-            Ok((begun.unwrap_or(Begin::InProgress), life))
+            store::look(&client, self.policy, user_id, key, hash).await
         }
     }
 
     /// What the key decided for a request that does not get to do the work;
     /// the gate, if this request took it, is given back.
-    pub(crate) async fn decided(
+    async fn decided(
         &self,
         begun: Begin,
         gate: Option<i64>,
@@ -388,13 +277,13 @@ impl Engine {
         if let Some(token) = gate {
             self.gate.leave(user_id, key, token).await;
         }
-        reply(begun)
+        Reply::from(begun)
     }
 
     /// Does the work of a claim and stores its answer; the answer cache
     /// keeps it for the `life` its key had when claimed, and the waiters of
     /// the key in this process are woken to it.
-    pub(crate) async fn work<W, Fut, E>(
+    async fn work<W, Fut, E>(
         &self,
         claim: Claim,
         hash: &RequestHash,
@@ -405,7 +294,7 @@ impl Engine {
         W: FnOnce(Claim) -> Fut,
         Fut: Future<Output = Result<Done, E>>,
     {
-        (self.observe)(claim.kind.outcome());
+        (self.observe)(claim.kind.into());
         let finished = work(claim.clone()).await;
         let answer = match finished {
             Ok(Done::Stored(response)) => Ok(Reply::First(response)),
@@ -468,8 +357,8 @@ impl Engine {
     /// For a request fenced off by a takeover: whatever the key says now.
     async fn current<E>(&self, claim: &Claim, hash: &RequestHash) -> Result<Reply, RunError<E>> {
         let client = self.pool.get().await.map_err(Error::from)?;
-        let now = store::current(&client, self.policy, &claim.user_id, &claim.key, hash).await?;
-        Ok(reply(now))
+        let (now, _) = store::look(&client, self.policy, &claim.user_id, &claim.key, hash).await?;
+        Ok(Reply::from(now))
     }
 
     /// Gives the key back if nothing durable was made, so that a retry starts
@@ -488,10 +377,10 @@ impl Engine {
 /// What `decide` found: the key's answer or claim, the claim token of the
 /// gate's lock when this request holds it, and, for the answer cache, when
 /// the statement was sent and how long the key then had left at most.
-pub(crate) struct Decision {
-    pub begun: Begin,
-    pub gate: Option<i64>,
-    pub life: Option<(Asked, Duration)>,
+struct Decision {
+    begun: Begin,
+    gate: Option<i64>,
+    life: Option<(Asked, Duration)>,
 }
 
 impl Decision {
@@ -501,14 +390,5 @@ impl Decision {
             gate: None,
             life: None,
         }
-    }
-}
-
-fn reply(begun: Begin) -> Reply {
-    match begun {
-        Begin::Replay(response) => Reply::Replay(response),
-        Begin::KeyReused => Reply::KeyReused,
-        Begin::Limited(wait) => Reply::Limited(wait),
-        Begin::InProgress | Begin::Claimed(_) => Reply::InProgress,
     }
 }

@@ -21,7 +21,6 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use crate::cache::{payload, CHANNEL};
-use crate::store::stored_response;
 use crate::{Error, IdempotencyKey, Policy, StoredResponse};
 
 /// Where a key that has a row is in its life.
@@ -79,7 +78,7 @@ const REPORT: &str = "k.created_at,
 
 impl KeyReport {
     fn from_row(row: &Row) -> Result<Self, Error> {
-        let response = stored_response(row)?;
+        let response = StoredResponse::of_row(row)?;
         let state = if row.try_get("expired")? {
             KeyState::Expired
         } else if response.is_some() {
@@ -195,7 +194,7 @@ impl Rearms {
 
 /// Why a key was not purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum PurgeRefusal {
     /// No answer yet and within its TTL: a request holds it, or a retry will
     /// take it over and finish its intent.
     #[error("the key is in progress: its intent has no answer yet, and a retry would finish it")]
@@ -216,7 +215,7 @@ pub enum Purge {
     /// The row is gone; what it held.
     Purged(KeyReport),
     /// The row stays; why, and what it holds.
-    Refused(Refusal, KeyReport),
+    Refused(PurgeRefusal, KeyReport),
     /// There was no row to purge.
     Absent,
 }
@@ -284,11 +283,11 @@ pub async fn purge(
     let (settling, rearms): (bool, bool) = (why.try_get(0)?, why.try_get(1)?);
     tx.rollback().await?;
     let refusal = if settling {
-        Refusal::Settling
+        PurgeRefusal::Settling
     } else if rearms {
-        Refusal::Rearms
+        PurgeRefusal::Rearms
     } else {
-        Refusal::InProgress
+        PurgeRefusal::InProgress
     };
     Ok(Purge::Refused(refusal, report))
 }

@@ -1,33 +1,23 @@
-//! Where the key table's rows live, read from the database: it decides the
-//! form of a statement, never what it does.
-//!
-//! On one PostgreSQL a step is cheapest as one statement (the claim's
-//! insert CTE, an effect's CTEs around the key's): one executor run. On a
-//! table Citus distributes by the scope, such a statement is planned as
-//! subplans joined on the coordinator, while a PL/pgSQL function's
-//! statements each go whole to the node of their rows (the claim's
-//! function is delegated to the buyer's worker). Each form is measured on
-//! both layouts in docs/PERFORMANCE.md ("The order and its settlement on
-//! the coordinator and the buyer's worker").
+//! Where the key table's rows live, read from the database. Every step is
+//! the same function call on both layouts (Citus sends each statement of a
+//! function whole to the node of its rows, and delegates the claim's to the
+//! buyer's worker); the layout decides only how much the cleanup deletes
+//! per statement.
 
 use deadpool_postgres::GenericClient;
 
 /// How `idempotency_keys` is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Layout {
-    /// One table on one server: each step one statement.
+    /// One table on one server.
     #[default]
     Single,
-    /// Split by the scope over the nodes of a Citus cluster: each step that
-    /// writes the key is a function call.
+    /// Split by the scope over the nodes of a Citus cluster.
     Distributed,
 }
 
 impl Layout {
-    /// Reads the layout of the key table `client` sees. An instance reads
-    /// it once, when it starts: a table distributed later is still used in
-    /// its one-statement form, correctly and at the cluster's higher cost,
-    /// until the instance restarts.
+    /// Reads the layout of the key table `client` sees.
     pub async fn of(client: &impl GenericClient) -> Result<Self, tokio_postgres::Error> {
         // Citus's catalog exists only where the extension is installed.
         let citus: bool = client

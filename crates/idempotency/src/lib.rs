@@ -23,9 +23,12 @@
 //!   different request (method, path, body) is refused, never answered.
 //! - **Expiry**: a key older than its TTL is a new intent; [`Cleanup`]
 //!   deletes expired keys in short batches, one instance at a time.
-//! - **Waiting** ([`Engine::run_waiting`]): a request that finds its key in
-//!   progress may wait for the holder's answer, on any instance, holding no
-//!   connection while it waits.
+//! - **Waiting** ([`Engine::run`]'s `wait`): a request that finds its key
+//!   in progress may wait for the holder's answer, on any instance, holding
+//!   no connection while it waits.
+//! - **A key that costs almost nothing**: the work's first step can be the
+//!   claim itself ([`Opening`]), one call and one commit for the key and
+//!   the effect; a lost insert touches nothing else.
 //! - **A limit on new intents** ([`Limit`], optional): a token is spent only
 //!   by a request about to claim a new key; past a scope's bucket such a
 //!   request is refused and writes nothing; a retry is never limited.
@@ -39,11 +42,10 @@
 //! - Read the key and the body before anything is written; reject a bad key
 //!   (`KeyError`) without touching the table.
 //! - Make every durable effect in a [`Unit`] of the claim and end it with
-//!   [`Unit::store`] or [`Unit::link`] and [`Unit::finish`]; or, when the
-//!   effect is one statement, in a one-statement unit ([`Linking`],
-//!   [`Storing`]): the engine wraps the effect's CTEs with its own writes
-//!   of the key row, one round trip and one commit instead of a
-//!   transaction's four. Report a refusal that wrote nothing as
+//!   [`Unit::store`] or [`Unit::link`] and [`Unit::finish`]; or in steps of
+//!   one call, PL/pgSQL functions that call the engine's own for the key's
+//!   writes ([`Opening`], [`Storing`]): one round trip and one commit
+//!   instead of a transaction's four. Report a refusal that wrote nothing as
 //!   [`Done::Answer`]; report a failure that is not an answer (a timeout, a
 //!   5xx) as an error, which is never stored.
 //! - Never hold a unit (a transaction) across a call to another system: link
@@ -58,7 +60,7 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-//! use idempotency::{actix, Done, Engine, Layout, Policy, StoredResponse};
+//! use idempotency::{actix, Done, Engine, Policy, StoredResponse};
 //! use std::time::Duration;
 //!
 //! async fn bump(
@@ -73,7 +75,7 @@
 //!     let user = "alice"; // the authenticated caller
 //!     let hash = actix::fingerprint(&req, &body);
 //!     let reply = engine
-//!         .run(user, &key, &hash, None, |claim| async move {
+//!         .run(user, &key, &hash, None, Duration::ZERO, |claim| async move {
 //!             let mut client = pool.get().await.map_err(idempotency::Error::from)?;
 //!             let unit = claim.unit(&mut client).await?;
 //!             let row = unit
@@ -84,10 +86,10 @@
 //!             let n: i64 = row.get(0);
 //!             let answer = StoredResponse::new(200, "text/plain", n.to_string().into_bytes());
 //!             let fence = unit.store(&answer).await?;
-//!             Ok::<_, idempotency::Error>(Done::stored(unit.finish(fence).await?, answer))
+//!             Ok::<_, idempotency::Error>(unit.finish(fence).await?.answered(answer))
 //!         })
 //!         .await;
-//!     match reply.map(actix::respond) {
+//!     match reply.map(|ran| actix::respond(ran.reply)) {
 //!         Ok(Ok(response)) => response,
 //!         Ok(Err(actix::Refusal::InProgress)) => HttpResponse::Conflict().body("retry shortly"),
 //!         Ok(Err(actix::Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
@@ -110,8 +112,7 @@
 //!     let config: tokio_postgres::Config = url.parse()?;
 //!     let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
 //!     let pool = deadpool_postgres::Pool::builder(manager).max_size(8).build()?;
-//!     let layout = Layout::of(&pool.get().await?).await?;
-//!     let policy = Policy { ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30), layout };
+//!     let policy = Policy { ttl: Duration::from_secs(86_400), lease: Duration::from_secs(30) };
 //!     let engine = web::Data::new(Engine::new(pool.clone(), policy));
 //!     let pool = web::Data::new(pool);
 //!     HttpServer::new(move || {
@@ -130,38 +131,42 @@
 #[cfg(feature = "actix")]
 pub mod actix;
 mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
+mod claim; // the right to do an intent's work, and how the work ends
 pub mod cleanup; // batched deletion of expired keys
-mod engine; // the flow of a keyed request
+mod engine; // the engine and the flow of a keyed request
 mod error;
 mod fingerprint; // the request hash
 mod gate; // the optional Redis gate
 pub mod inspect; // key tooling: show, purge, stats
 mod key; // the Idempotency-Key value
-mod layout; // one PostgreSQL or a cluster: the statements' form
+mod layout; // one PostgreSQL or a cluster: the cleanup's slices
 mod limit; // new intents per scope
 mod migrate; // the key table's own migrations
+mod reply; // what a request is answered, and what its key decided
 mod response; // what is stored and replayed
-mod statement; // one-statement units
-pub mod store; // the claim side of the key table
+mod statement; // steps of one call
+pub mod store; // the key table's claim, its reader and its takeovers
 mod unit; // the atomic step: effect and key state in one transaction
-mod wait; // waiting for another request's answer
+mod wait; // the waiters of keys in progress
 
 pub use cache::{AnswerCache, CacheEvent, CHANNEL as ANSWER_CHANNEL};
+pub use claim::{Claim, ClaimKind, Done, Policy};
 pub use cleanup::Cleanup;
-pub use engine::{Claim, ClaimKind, Done, Engine, Outcome, Policy, Reply, RunError};
+pub use engine::Engine;
 pub use error::{is_unavailable, Error};
 pub use fingerprint::RequestHash;
 pub use gate::Gate;
-pub use inspect::{KeyReport, KeyState, Purge, Rearms, Refusal, Settling, Stats};
+pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Rearms, Settling, Stats};
 pub use key::{IdempotencyKey, KeyError};
 pub use layout::Layout;
 pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};
+pub use reply::{Outcome, Ran, Reply, RunError};
 pub use response::StoredResponse;
-pub use statement::{Linking, Opening, Storing};
+pub use statement::{Opening, Storing};
 pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
-pub use wait::{Ran, WaitOutcome};
+pub use wait::WaitOutcome;
 
 /// Opens one connection outside any pool (migrations, tools), driven by a
 /// task of its own, secured by `tls` (`tokio_postgres::NoTls` for none).

@@ -120,23 +120,17 @@ pub(crate) async fn claim(
                 Expired::Settling => {}
             }
         }
-        if row.hash != hash.as_bytes() {
-            return Ok((Begin::KeyReused, row.life));
-        }
-        if let Some(response) = row.response {
-            return Ok((Begin::Replay(response), row.life));
-        }
-        if !row.lease_over {
-            return Ok((Begin::InProgress, row.life));
-        }
-        // The holder's lease ran out (it crashed or stalled): finish its intent.
-        let Some(seen_token) = row.token else {
-            continue;
+        let life = row.life;
+        let seen_token = match row.found(hash) {
+            Found::Decided(begun) => return Ok((begun, life)),
+            // The holder's lease ran out (it crashed or stalled): finish its intent.
+            Found::Abandoned(seen_token) => seen_token,
+            Found::New => continue,
         };
         if let Some(effect) = take_abandoned(client, policy, &claim, seen_token).await? {
             claim.effect = effect;
             claim.kind = ClaimKind::Abandoned;
-            return Ok((Begin::Claimed(claim), row.life));
+            return Ok((Begin::Claimed(claim), life));
         }
     }
     Ok((Begin::InProgress, Duration::ZERO))
@@ -161,18 +155,20 @@ pub async fn begin(
     Ok(claim(client, policy, Settling::NEVER, asked, None).await?.0)
 }
 
-/// What a request finds in the key row before it claims anything.
+/// What a key row says to a request, before any claim.
 pub(crate) enum Found {
-    /// No live row: the request would be a new intent.
+    /// No live row (none, or one past its TTL): the request would be a new
+    /// intent.
     New,
-    /// An in-progress row past its lease: the request would finish its
-    /// intent, not start one.
-    Abandoned,
+    /// An in-progress row past its lease, held by this token: the request
+    /// would finish its intent, not start one.
+    Abandoned(i64),
     /// The row answers the request without a claim (a replay, a 409, a 422).
     Decided(Begin),
 }
 
-/// Reads the key row and says what the request would find, writing nothing.
+/// Reads the key row and says what the request would find, writing
+/// nothing; and how long the key has left to live.
 pub(crate) async fn find(
     client: &impl GenericClient,
     policy: Policy,
@@ -180,68 +176,30 @@ pub(crate) async fn find(
     key: &IdempotencyKey,
     hash: &RequestHash,
 ) -> Result<(Found, Duration), Error> {
-    let row = read(client, policy, user_id, key.as_str()).await?;
-    let life = row.as_ref().map_or(Duration::ZERO, |row| row.life);
-    let found = match row {
-        None | Some(KeyRow { expired: true, .. }) => Found::New,
-        Some(row) if row.hash != hash.as_bytes() => Found::Decided(Begin::KeyReused),
-        Some(KeyRow {
-            response: Some(response),
-            ..
-        }) => Found::Decided(Begin::Replay(response)),
-        Some(KeyRow {
-            lease_over: true, ..
-        }) => Found::Abandoned,
-        Some(_) => Found::Decided(Begin::InProgress),
-    };
-    Ok((found, life))
+    Ok(match read(client, policy, user_id, key.as_str()).await? {
+        None => (Found::New, Duration::ZERO),
+        Some(row) if row.expired => (Found::New, row.life),
+        Some(row) => {
+            let life = row.life;
+            (row.found(hash), life)
+        }
+    })
 }
 
-/// What the key row says now, without claiming anything: for a request
-/// whose claim was fenced off, or that the Redis gate turned away. A row that
-/// is missing, expired or abandoned belongs to whoever holds the intent now.
-pub async fn current(
+/// What the key row says to a request that does not claim it (turned away
+/// by the gate, or fenced off by a takeover): a row that is missing,
+/// expired or abandoned belongs to whoever holds the intent now.
+pub async fn look(
     client: &impl GenericClient,
     policy: Policy,
     user_id: &str,
     key: &IdempotencyKey,
     hash: &RequestHash,
-) -> Result<Begin, Error> {
-    Ok(existing(client, policy, user_id, key, hash)
-        .await?
-        .unwrap_or(Begin::InProgress))
-}
-
-/// What the key row says, if there is a live one (not past its TTL);
-/// `None` when the request would be a new intent.
-pub async fn existing(
-    client: &impl GenericClient,
-    policy: Policy,
-    user_id: &str,
-    key: &IdempotencyKey,
-    hash: &RequestHash,
-) -> Result<Option<Begin>, Error> {
-    Ok(look(client, policy, user_id, key, hash).await?.0)
-}
-
-/// [`existing`], and how long the key has left to live (see [`claim`]).
-pub(crate) async fn look(
-    client: &impl GenericClient,
-    policy: Policy,
-    user_id: &str,
-    key: &IdempotencyKey,
-    hash: &RequestHash,
-) -> Result<(Option<Begin>, Duration), Error> {
-    let row = read(client, policy, user_id, key.as_str()).await?;
-    let life = row.as_ref().map_or(Duration::ZERO, |row| row.life);
-    let begun = match row {
-        None | Some(KeyRow { expired: true, .. }) => None,
-        Some(row) if row.hash != hash.as_bytes() => Some(Begin::KeyReused),
-        Some(KeyRow {
-            response: Some(response),
-            ..
-        }) => Some(Begin::Replay(response)),
-        Some(_) => Some(Begin::InProgress),
+) -> Result<(Begin, Duration), Error> {
+    let (found, life) = find(client, policy, user_id, key, hash).await?;
+    let begun = match found {
+        Found::Decided(begun) => begun,
+        Found::New | Found::Abandoned(_) => Begin::InProgress,
     };
     Ok((begun, life))
 }
@@ -266,7 +224,7 @@ pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool,
     Ok(released == 1)
 }
 
-/// A key row as `read` and `begin` select it.
+/// A key row as `read` and the claim select it.
 pub(crate) struct KeyRow {
     pub hash: Vec<u8>,
     /// `None` once answered: an answered row keeps no claim.
@@ -279,7 +237,24 @@ pub(crate) struct KeyRow {
 }
 
 impl KeyRow {
-    /// `None` when the columns are NULL (`begin` found no row it could see).
+    /// The one classification of a live row (not past its TTL, or kept
+    /// past it while its effect settles) for a request with `hash`.
+    fn found(self, hash: &RequestHash) -> Found {
+        if self.hash != hash.as_bytes() {
+            return Found::Decided(Begin::KeyReused);
+        }
+        if let Some(response) = self.response {
+            return Found::Decided(Begin::Replay(response));
+        }
+        match self.token {
+            Some(token) if self.lease_over => Found::Abandoned(token),
+            // An unanswered row has a token; one without is read mid-change.
+            None if self.lease_over => Found::New,
+            _ => Found::Decided(Begin::InProgress),
+        }
+    }
+
+    /// `None` when the columns are NULL (the claim found no row it could see).
     fn from_row(row: &Row) -> Result<Option<Self>, Error> {
         let Some(hash) = row.try_get::<_, Option<Vec<u8>>>("request_hash")? else {
             return Ok(None);
@@ -287,30 +262,12 @@ impl KeyRow {
         Ok(Some(KeyRow {
             hash,
             token: row.try_get("claim_token")?,
-            response: stored_response(row)?,
+            response: StoredResponse::of_row(row)?,
             expired: row.try_get("expired")?,
             lease_over: row.try_get("lease_over")?,
             life: Duration::try_from_secs_f64(row.try_get("life_secs")?).unwrap_or_default(),
         }))
     }
-}
-
-/// The stored answer of a selected key row (its `response_*` columns), or
-/// `None` while the key is in progress.
-pub(crate) fn stored_response(row: &Row) -> Result<Option<StoredResponse>, Error> {
-    let Some(status) = row.try_get::<_, Option<i16>>("response_status")? else {
-        return Ok(None);
-    };
-    Ok(Some(StoredResponse {
-        status: u16::try_from(status).unwrap_or(500),
-        content_type: row
-            .try_get::<_, Option<String>>("response_content_type")?
-            .unwrap_or_default(),
-        location: row.try_get("response_location")?,
-        body: row
-            .try_get::<_, Option<Vec<u8>>>("response_body")?
-            .unwrap_or_default(),
-    }))
 }
 
 /// The key row of (user_id, key) as it is now, if there is one.

@@ -18,7 +18,8 @@ use std::sync::LazyLock;
 use deadpool_postgres::{GenericClient, Object, Transaction};
 use tokio_postgres::types::ToSql;
 
-use crate::{Claim, Error, Settling, StoredResponse};
+use crate::claim::{Claim, Done};
+use crate::{Error, Settling, StoredResponse};
 
 /// One transaction of a claim's work; see the module documentation.
 pub struct Unit<'a> {
@@ -43,6 +44,17 @@ pub enum Committed {
     Done,
     /// The claim was lost; everything was rolled back.
     Fenced,
+}
+
+impl Committed {
+    /// How the work of a claim whose unit stored `answer` ended, as it
+    /// reports it to the engine.
+    pub fn answered(self, answer: StoredResponse) -> Done {
+        match self {
+            Committed::Done => Done::Stored(answer),
+            Committed::Fenced => Done::Fenced,
+        }
+    }
 }
 
 impl Claim {
@@ -177,12 +189,12 @@ pub(crate) async fn store_answer(
 }
 
 /// How every write of an answer sets the key row's columns: $4 status, $5
-/// content type, $6 location, $7 body (`write_answer` and `Storing` bind them).
+/// content type, $6 location, $7 body (`write_answer` binds them).
 /// An answered key is never taken over, fenced or resumed again, so its
 /// claim (the token and the lease) goes with the write, and so does the
 /// link to an effect that has settled (each write says when it has): with
 /// them goes a tenth of the row.
-pub(crate) const SET_ANSWER: &str = "response_status = $4, response_content_type = $5, \
+const SET_ANSWER: &str = "response_status = $4, response_content_type = $5, \
                                      response_location = $6, response_body = $7, \
                                      claim_token = NULL, lease_expires_at = NULL";
 

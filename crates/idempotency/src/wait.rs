@@ -8,7 +8,6 @@
 //! the waiters time out into the 409 they would have had without waiting.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -16,13 +15,13 @@ use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::engine::Decision;
-use crate::store::{self, Begin};
-use crate::{Claim, Done, Engine, IdempotencyKey, Opening, Policy, Reply, RequestHash, RunError};
+use crate::claim::Policy;
+use crate::store;
+use crate::IdempotencyKey;
 
 /// The first poll comes this soon; each next one later, up to the cap.
-const FIRST_POLL: Duration = Duration::from_millis(10);
-const POLL_CAP: Duration = Duration::from_millis(200);
+pub(crate) const FIRST_POLL: Duration = Duration::from_millis(10);
+pub(crate) const POLL_CAP: Duration = Duration::from_millis(200);
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +51,6 @@ impl WaitOutcome {
     }
 }
 
-/// A reply, and how long the request waited for it, if it did.
-#[derive(Debug)]
-pub struct Ran {
-    pub reply: Reply,
-    pub waited: Option<(WaitOutcome, Duration)>,
-}
-
 /// The keys waited on in this process, each with the channel its poller
 /// wakes the waiters on.
 #[derive(Clone, Default)]
@@ -67,75 +59,10 @@ pub(crate) struct Waiters(Arc<Mutex<HashMap<KeyId, watch::Sender<()>>>>);
 /// A key as `(user_id, key)`.
 type KeyId = (String, String);
 
-impl Engine {
-    /// As [`run`](Engine::run), but a request that finds its key in progress
-    /// waits up to `wait` for the holder's answer before it gives up with
-    /// [`Reply::InProgress`].
-    pub async fn run_waiting<W, Fut, E>(
-        &self,
-        user_id: &str,
-        key: &IdempotencyKey,
-        hash: &RequestHash,
-        opening: Option<&Opening>,
-        wait: Duration,
-        work: W,
-    ) -> Result<Ran, RunError<E>>
-    where
-        W: FnOnce(Claim) -> Fut,
-        Fut: Future<Output = Result<Done, E>>,
-    {
-        let started = Instant::now();
-        let deadline = started + wait;
-        let mut waited = false;
-        // How soon a poller this waiter starts reads first. A waiter woken
-        // (the lease ran out, the row went) but then turned away again (the
-        // Redis lock of the request that took over) finds the row as it
-        // left it, so the next poll would wake it at once: each such round
-        // waits twice as long, and a wait costs a few reads, not hundreds.
-        let mut first_poll = FIRST_POLL;
-        loop {
-            let Decision { begun, gate, life } = self.decide(user_id, key, hash, opening).await?;
-            let outcome = match begun {
-                Begin::InProgress if Instant::now() < deadline => {
-                    if let Some(token) = gate {
-                        self.gate.leave(user_id, key, token).await;
-                    }
-                    if waited {
-                        first_poll = (first_poll * 2).min(POLL_CAP);
-                    }
-                    waited = true;
-                    self.waiters
-                        .wait(&self.pool, self.policy, user_id, key, deadline, first_poll)
-                        .await;
-                    continue;
-                }
-                Begin::Claimed(claim) => {
-                    let reply = self.work(claim, hash, life, work).await?;
-                    (reply, WaitOutcome::TookOver)
-                }
-                Begin::InProgress | Begin::Limited(_) => (
-                    self.decided(begun, gate, user_id, key).await,
-                    WaitOutcome::TimedOut,
-                ),
-                other => (
-                    self.decided(other, gate, user_id, key).await,
-                    WaitOutcome::Answered,
-                ),
-            };
-            let (reply, outcome) = outcome;
-            let waited = waited.then(|| (outcome, started.elapsed()));
-            if let Some((outcome, took)) = waited {
-                (self.observe_wait)(outcome, took);
-            }
-            return Ok(Ran { reply, waited });
-        }
-    }
-}
-
 impl Waiters {
     /// Sleeps until the key's row changes in a way that may end the wait,
     /// or until `deadline`; a poller this starts reads first after `first_poll`.
-    async fn wait(
+    pub(crate) async fn wait(
         &self,
         pool: &Pool,
         policy: Policy,

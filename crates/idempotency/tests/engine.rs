@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
+use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Layout,
-    Linking, Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
+    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening,
+    Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
 };
 use test_support::db::TestDatabase;
 use tokio::sync::Barrier;
@@ -40,11 +40,7 @@ async fn toy() -> Toy {
 
 impl Toy {
     fn engine(&self, lease: Duration, ttl: Duration) -> Engine {
-        self.engine_in(Layout::default(), lease, ttl)
-    }
-
-    fn engine_in(&self, layout: Layout, lease: Duration, ttl: Duration) -> Engine {
-        Engine::new(self.pool.clone(), Policy { ttl, lease, layout })
+        Engine::new(self.pool.clone(), Policy { ttl, lease })
     }
 
     async fn bumps(&self) -> i64 {
@@ -72,7 +68,7 @@ impl Toy {
             StoredResponse::new(201, "application/json", format!("{{\"bump\":{id}}}").into())
                 .with_location(format!("/bumps/{id}"));
         let fence = unit.store(&answer).await?;
-        Ok(Done::stored(unit.finish(fence).await?, answer))
+        Ok(unit.finish(fence).await?.answered(answer))
     }
 }
 
@@ -90,20 +86,22 @@ async fn a_retry_gets_the_first_answer_byte_for_byte_and_the_work_runs_once() {
     let engine = toy.engine(Duration::from_secs(30), DAY);
     let (k, h) = (key("click-1"), hash("{}"));
     let first = engine
-        .run("alice", &k, &h, None, |claim| async move {
+        .run("alice", &k, &h, None, Duration::ZERO, |claim| async move {
             toy.bump(&claim).await
         })
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     let Reply::First(answer) = first else {
         panic!("the first request does the work: {first:?}");
     };
     assert_eq!(answer.location.as_deref(), Some("/bumps/1"));
     let again = engine
-        .run("alice", &k, &h, None, |claim| async move {
+        .run("alice", &k, &h, None, Duration::ZERO, |claim| async move {
             toy.bump(&claim).await
         })
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(
         matches!(again, Reply::Replay(ref replay) if *replay == answer),
@@ -121,10 +119,16 @@ async fn the_same_key_with_another_request_or_of_another_user_is_no_replay() {
         let (engine, toy, k) = (&engine, &toy, &k);
         async move {
             engine
-                .run(user, k, &hash(body), None, |claim| async move {
-                    toy.bump(&claim).await
-                })
+                .run(
+                    user,
+                    k,
+                    &hash(body),
+                    None,
+                    Duration::ZERO,
+                    |claim| async move { toy.bump(&claim).await },
+                )
                 .await
+                .map(|ran| ran.reply)
                 .unwrap()
         }
     };
@@ -156,12 +160,14 @@ async fn concurrent_duplicates_run_the_work_once() {
                         &key("storm"),
                         &hash("{}"),
                         None,
+                        Duration::ZERO,
                         |claim| async move {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             toy.bump(&claim).await
                         },
                     )
                     .await
+                    .map(|ran| ran.reply)
                     .unwrap()
             })
         })
@@ -181,29 +187,39 @@ async fn concurrent_duplicates_run_the_work_once() {
     assert_eq!(outcomes.iter().filter(|o| **o == Outcome::First).count(), 1);
 }
 
-/// The claim as the function a distributed table calls (`idempotency_claim`)
-/// decides every case as the one statement does: a new key, its replay, a
-/// reused key, a storm of duplicates, a lease run out, a TTL run out.
+/// The claim's function (`idempotency_claim`) decides every case: a new
+/// key, its replay, a reused key, a storm of duplicates, a lease run out, a
+/// TTL run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_claims_function_decides_as_its_statement_does() {
+async fn the_claims_function_decides_every_case() {
     let toy = Arc::new(toy().await);
-    let engine = toy.engine_in(Layout::Distributed, Duration::from_secs(1), DAY);
+    let engine = toy.engine(Duration::from_secs(1), DAY);
     let (k, h) = (key("click-1"), hash("{}"));
     let bump = |claim: Claim| {
         let toy = toy.clone();
         async move { toy.bump(&claim).await }
     };
-    let Reply::First(answer) = engine.run("alice", &k, &h, None, bump).await.unwrap() else {
+    let Reply::First(answer) = engine
+        .run("alice", &k, &h, None, Duration::ZERO, bump)
+        .await
+        .map(|ran| ran.reply)
+        .unwrap()
+    else {
         panic!("a new key does the work");
     };
-    let again = engine.run("alice", &k, &h, None, bump).await.unwrap();
+    let again = engine
+        .run("alice", &k, &h, None, Duration::ZERO, bump)
+        .await
+        .map(|ran| ran.reply)
+        .unwrap();
     assert!(
         matches!(again, Reply::Replay(ref r) if *r == answer),
         "{again:?}"
     );
     let reused = engine
-        .run("alice", &k, &hash("{\"x\":1}"), None, bump)
-        .await;
+        .run("alice", &k, &hash("{\"x\":1}"), None, Duration::ZERO, bump)
+        .await
+        .map(|ran| ran.reply);
     assert!(matches!(reused.unwrap(), Reply::KeyReused));
 
     let barrier = Arc::new(Barrier::new(16));
@@ -238,11 +254,7 @@ async fn the_claims_function_decides_as_its_statement_does() {
     assert_eq!(taker.kind, ClaimKind::Abandoned);
     assert!(matches!(toy.bump(&claimed[0]).await.unwrap(), Done::Fenced));
 
-    let short = toy.engine_in(
-        Layout::Distributed,
-        Duration::from_secs(30),
-        Duration::from_secs(1),
-    );
+    let short = toy.engine(Duration::from_secs(30), Duration::from_secs(1));
     let Begin::Claimed(expired) = short.begin("alice", &k, &hash("{\"y\":2}")).await.unwrap()
     else {
         panic!("a key past its TTL is a new intent");
@@ -331,19 +343,21 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
     let engine = toy.engine(Duration::from_secs(30), DAY);
     let (k, h) = (key("flaky"), hash("{}"));
     let failed = engine
-        .run("alice", &k, &h, None, |_| async {
+        .run("alice", &k, &h, None, Duration::ZERO, |_| async {
             Err::<Done, _>("payment timeout")
         })
-        .await;
+        .await
+        .map(|ran| ran.reply);
     assert!(matches!(failed, Err(RunError::Work("payment timeout"))));
     let calls = AtomicUsize::new(0);
     let retried = engine
-        .run("alice", &k, &h, None, |claim| {
+        .run("alice", &k, &h, None, Duration::ZERO, |claim| {
             calls.fetch_add(1, Ordering::SeqCst);
             let toy = &toy;
             async move { toy.bump(&claim).await }
         })
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(
         matches!(retried, Reply::First(_)),
@@ -354,14 +368,15 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
     // With an effect linked, a failure leaves the key in progress.
     let (k, h) = (key("linked"), hash("{}"));
     let failed = engine
-        .run("alice", &k, &h, None, |claim| async move {
+        .run("alice", &k, &h, None, Duration::ZERO, |claim| async move {
             let mut client = toy.pool.get().await.unwrap();
             let unit = claim.unit(&mut client).await.unwrap();
             let fence = unit.link("effect-1").await.unwrap();
             unit.finish(fence).await.unwrap();
             Err::<Done, _>("payment timeout")
         })
-        .await;
+        .await
+        .map(|ran| ran.reply);
     assert!(failed.is_err());
     assert!(matches!(
         engine.begin("alice", &k, &h).await.unwrap(),
@@ -380,9 +395,11 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
                 &key(&format!("old-{n}")),
                 &hash("{}"),
                 None,
+                Duration::ZERO,
                 |claim| async move { toy.bump(&claim).await },
             )
             .await
+            .map(|ran| ran.reply)
             .unwrap();
         assert!(matches!(reply, Reply::First(_)));
     }
@@ -393,12 +410,14 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
             &key("old-0"),
             &hash("{\"another\":true}"),
             None,
+            Duration::ZERO,
             |claim| async move {
                 assert_eq!(claim.kind, ClaimKind::Expired);
                 toy.bump(&claim).await
             },
         )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(
         matches!(reply, Reply::First(_)),
@@ -406,8 +425,8 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
     );
 
     let cleanup = Cleanup::new(toy.pool.clone(), Duration::from_secs(1));
-    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(4));
-    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(0));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(4));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(0));
     assert!(
         matches!(
             engine
@@ -420,41 +439,32 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
     );
 }
 
-#[tokio::test]
-async fn a_one_statement_effect_is_linked_with_it_and_made_not_at_all_once_fenced() {
-    let toy = &toy().await;
-    let bump = Linking::new(
-        "made AS (
-             INSERT INTO bumps (note) SELECT $5 WHERE EXISTS (SELECT 1 FROM claim)
-             RETURNING bump_id
-         )",
-        "EXISTS (SELECT 1 FROM made)",
-        "(SELECT bump_id FROM made)",
-    );
-    let settle = Storing::new(
-        "noted AS (UPDATE bumps SET note = $8 RETURNING 1)",
-        "EXISTS (SELECT 1 FROM noted)",
-        "(SELECT count(*) FROM noted)",
-    );
-    one_call_units(toy, &bump, &settle).await;
-}
-
-#[tokio::test]
-async fn an_effect_written_as_a_function_gets_the_same_fences() {
-    let toy = &toy().await;
+/// The toy's effect as steps of one call: `bump` opens the claim and links
+/// the bump it makes, `note` records an outcome and stores the answer.
+async fn one_call_steps(toy: &Toy) -> (Opening, Storing) {
     toy.pool
         .get()
         .await
         .unwrap()
         .batch_execute(
-            "CREATE FUNCTION bump(p_user_id text, p_key text, p_claim_token bigint,
-                                  p_effect text, p_note text)
-             RETURNS TABLE (held boolean, bump_id bigint) LANGUAGE plpgsql AS $$
+            "CREATE FUNCTION bump(p_user_id text, p_key text, p_request_hash bytea,
+                                  p_claim_token bigint, p_lease_secs float8,
+                                  p_ttl_secs float8, p_note text)
+             RETURNS TABLE (won boolean, request_hash bytea, claim_token bigint,
+                            response_status smallint, response_content_type text,
+                            response_location text, response_body bytea, expired boolean,
+                            lease_over boolean, life_secs float8, bump_id bigint)
+             LANGUAGE plpgsql AS $$
              BEGIN
-                 held := idempotency_lock_claim(p_user_id, p_key, p_claim_token);
-                 IF held THEN
+                 SELECT * INTO won, request_hash, claim_token, response_status,
+                               response_content_type, response_location, response_body,
+                               expired, lease_over, life_secs
+                 FROM idempotency_open(p_user_id, p_key, p_request_hash, p_claim_token,
+                                       p_lease_secs, p_ttl_secs);
+                 IF won THEN
                      INSERT INTO bumps (note) VALUES (p_note) RETURNING bumps.bump_id INTO bump_id;
-                     PERFORM idempotency_link(p_user_id, p_key, p_claim_token, p_effect);
+                     PERFORM idempotency_link(p_user_id, p_key, p_claim_token,
+                                              'bump-' || bump_id);
                  END IF;
                  RETURN NEXT;
              END $$;
@@ -475,38 +485,87 @@ async fn an_effect_written_as_a_function_gets_the_same_fences() {
         )
         .await
         .unwrap();
-    one_call_units(
-        toy,
-        &Linking::function("bump", 1),
-        &Storing::function("note", 1),
+    (
+        Opening::new("bump", vec![Box::new("opened")]),
+        Storing::new("note", 1),
     )
-    .await;
 }
 
-/// A [`Linking`] step raced by a takeover, then a [`Storing`] one.
-async fn one_call_units(toy: &Toy, bump: &Linking, settle: &Storing) {
+/// A first request's claim and its first step are one call: the bump is
+/// made and linked with the key, and a duplicate's call, which loses the
+/// insert, makes nothing and is told the key is in progress.
+#[tokio::test]
+async fn an_opening_step_is_made_with_the_claim_and_not_by_a_duplicate() {
+    let toy = &toy().await;
+    let (bump, _) = one_call_steps(toy).await;
+    let engine = toy.engine(Duration::from_secs(30), DAY);
+    let (k, h) = (key("opened"), hash("{}"));
+    let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (engine, bump, k) = (engine.clone(), &bump, k.clone());
+        async move {
+            engine
+                .run(
+                    "alice",
+                    &k,
+                    &h,
+                    Some(bump),
+                    Duration::ZERO,
+                    |claim| async move {
+                        let row = claim.opened().expect("the claim's call ran the step");
+                        let _ = opened_tx.send(row.get::<_, Option<i64>>("bump_id"));
+                        let _ = go_rx.await;
+                        Ok::<_, Error>(Done::Answer(StoredResponse::new(200, "text/plain", vec![])))
+                    },
+                )
+                .await
+                .map(|ran| ran.reply)
+                .unwrap()
+        }
+    };
+    let duplicate = async {
+        let bump_id = opened_rx.await.unwrap();
+        assert!(bump_id.is_some(), "the first call made the bump");
+        assert_eq!(toy.bumps().await, 1);
+        let reply = engine
+            .run("alice", &k, &h, Some(&bump), Duration::ZERO, |_| async {
+                Ok::<_, Error>(Done::Answer(StoredResponse::new(500, "text/plain", vec![])))
+            })
+            .await
+            .map(|ran| ran.reply)
+            .unwrap();
+        assert!(matches!(reply, Reply::InProgress), "{reply:?}");
+        assert_eq!(toy.bumps().await, 1, "a lost insert makes nothing");
+        let _ = go_tx.send(());
+    };
+    let (first, ()) = tokio::join!(first, duplicate);
+    assert!(matches!(first, Reply::First(_)), "{first:?}");
+}
+
+/// An opening step run by claims won another way, raced by a takeover,
+/// then a storing step: the same fences as a unit's.
+#[tokio::test]
+async fn steps_of_one_call_are_fenced_by_the_claim() {
+    let toy = &toy().await;
+    let (bump, settle) = one_call_steps(toy).await;
     let engine = toy.engine(Duration::from_secs(1), DAY);
-    let (k, h) = (key("one-statement"), hash("{}"));
+    let (k, h) = (key("one-call"), hash("{}"));
     let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
         panic!("first claim");
     };
+    assert!(paused.opened().is_none(), "no opening was given");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
         panic!("a takeover after the lease");
     };
     let client = toy.pool.get().await.unwrap();
-    let (fence, _) = paused
-        .link_with(&client, bump, "bump-of-the-paused", &[&"paused"])
-        .await
-        .unwrap();
+    let (fence, _) = paused.open(&client, &bump).await.unwrap();
     assert_eq!(fence, Fence::Lost);
     assert_eq!(toy.bumps().await, 0, "a lost claim makes nothing");
-    let (fence, row) = taker
-        .link_with(&client, bump, "bump-1", &[&"taker"])
-        .await
-        .unwrap();
+    let (fence, row) = taker.open(&client, &bump).await.unwrap();
     assert_eq!(fence, Fence::Held);
-    assert!(row.get::<_, Option<i64>>(1).is_some());
+    let bump_id: i64 = row.get("bump_id");
     assert_eq!(toy.bumps().await, 1);
     let effect: Option<String> = client
         .query_one(
@@ -516,18 +575,21 @@ async fn one_call_units(toy: &Toy, bump: &Linking, settle: &Storing) {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(effect.as_deref(), Some("bump-1"));
+    assert_eq!(effect, Some(format!("bump-{bump_id}")));
+    let (fence, _) = taker.open(&client, &bump).await.unwrap();
+    assert_eq!(fence, Fence::Lost, "a linked claim opens no second effect");
+    assert_eq!(toy.bumps().await, 1);
 
     // The outcome and the answer, in one call too: the outcome is written
     // whoever holds the key, the answer only by the claim that holds it.
     let answer = StoredResponse::new(200, "text/plain", b"noted".to_vec());
     let (fence, _) = paused
-        .store_with(&client, settle, &answer, &[&"noted by the paused"])
+        .store_with(&client, &settle, &answer, &[&"noted by the paused"])
         .await
         .unwrap();
     assert_eq!(fence, Fence::Lost);
     let (fence, _) = taker
-        .store_with(&client, settle, &answer, &[&"settled"])
+        .store_with(&client, &settle, &answer, &[&"settled"])
         .await
         .unwrap();
     assert_eq!(fence, Fence::Held);
@@ -547,10 +609,16 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
     let engine = &engine;
     let bump = |k: &'static str| async move {
         engine
-            .run("alice", &key(k), &hash("{}"), None, |claim| async move {
-                toy.bump(&claim).await
-            })
+            .run(
+                "alice",
+                &key(k),
+                &hash("{}"),
+                None,
+                Duration::ZERO,
+                |claim| async move { toy.bump(&claim).await },
+            )
             .await
+            .map(|ran| ran.reply)
             .unwrap()
     };
     let Reply::First(answer) = bump("first").await else {
@@ -577,9 +645,11 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
             &key("second"),
             &hash("{}"),
             None,
+            Duration::ZERO,
             |claim| async move { toy.bump(&claim).await },
         )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(
         matches!(other, Reply::First(_)),

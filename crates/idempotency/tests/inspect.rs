@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
-use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
-use idempotency::inspect::{self, KeyState, Purge, Rearms, Refusal, Settling};
+use idempotency::cleanup::{Cleanup, Swept};
+use idempotency::inspect::{self, KeyState, Purge, PurgeRefusal, Rearms, Settling};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Layout, Policy, Reply,
-    RequestHash, StoredResponse,
+    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
+    StoredResponse,
 };
 use test_support::db::TestDatabase;
 
@@ -45,11 +45,7 @@ async fn toy() -> Toy {
 }
 
 fn policy(ttl: Duration) -> Policy {
-    Policy {
-        ttl,
-        lease: LEASE,
-        layout: Layout::default(),
-    }
+    Policy { ttl, lease: LEASE }
 }
 
 fn key(text: &str) -> IdempotencyKey {
@@ -71,10 +67,16 @@ impl Toy {
         let stored = answer.clone();
         let reply = self
             .engine(ttl)
-            .run(user, &key(k), &hash(), None, |_| async move {
-                Ok::<_, idempotency::Error>(Done::Answer(stored))
-            })
+            .run(
+                user,
+                &key(k),
+                &hash(),
+                None,
+                Duration::ZERO,
+                |_| async move { Ok::<_, idempotency::Error>(Done::Answer(stored)) },
+            )
             .await
+            .map(|ran| ran.reply)
             .unwrap();
         assert!(matches!(reply, Reply::First(_)), "{reply:?}");
         answer
@@ -236,7 +238,7 @@ async fn an_answer_that_rearms_its_click_once_forgotten_stays_until_it_expires()
     toy.answered(DAY, "alice", "declined-1", b"{}").await;
     let refused = toy.purge(DAY, "alice", "declined-1").await;
     assert!(
-        matches!(refused, Purge::Refused(Refusal::Rearms, ref report)
+        matches!(refused, Purge::Refused(PurgeRefusal::Rearms, ref report)
             if report.state == KeyState::Answered),
         "{refused:?}"
     );
@@ -255,7 +257,7 @@ async fn an_answer_that_rearms_its_click_once_forgotten_stays_until_it_expires()
 async fn a_key_in_progress_is_refused_and_stays() {
     let toy = toy().await;
     toy.claimed(DAY, "alice", "holding").await;
-    let Purge::Refused(Refusal::InProgress, report) = toy.purge(DAY, "alice", "holding").await
+    let Purge::Refused(PurgeRefusal::InProgress, report) = toy.purge(DAY, "alice", "holding").await
     else {
         panic!("a key in progress is refused");
     };
@@ -295,7 +297,7 @@ async fn a_key_whose_effect_is_settling_is_refused_until_the_effect_settles() {
     for (k, effect) in [("paying", "effect-1"), ("stored-early", "effect-2")] {
         let refused = toy.purge(ttl, "alice", k).await;
         assert!(
-            matches!(refused, Purge::Refused(Refusal::Settling, ref report)
+            matches!(refused, Purge::Refused(PurgeRefusal::Settling, ref report)
                 if report.state == KeyState::Expired && report.effect.as_deref() == Some(effect)),
             "{k}: {refused:?}"
         );
@@ -333,7 +335,7 @@ async fn a_purge_racing_a_link_sees_the_linked_effect() {
         unit.finish(fence).await.unwrap()
     });
     assert!(
-        matches!(purged, Purge::Refused(Refusal::Settling, _)),
+        matches!(purged, Purge::Refused(PurgeRefusal::Settling, _)),
         "{purged:?}"
     );
 }
@@ -371,7 +373,7 @@ async fn stats_count_the_rows_by_state_and_what_the_cleanup_would_delete() {
     assert!(stats.index_bytes >= 2 * 8_192, "two indexes: {stats:?}");
 
     let cleanup = Cleanup::new(toy.pool.clone(), ttl);
-    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(3));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(3));
     let after = inspect::stats(&client, policy(ttl)).await.unwrap();
     assert_eq!((after.rows(), after.expired, after.cleanup_due), (4, 0, 0));
 }

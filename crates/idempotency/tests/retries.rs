@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
-use idempotency::cleanup::{Cleanup, Outcome as CleanupOutcome};
+use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Layout, Limit, Linking,
-    Policy, Reply, RequestHash, Settling, StoredResponse,
+    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, Opening, Policy,
+    Reply, RequestHash, Settling, StoredResponse,
 };
 use test_support::db::TestDatabase;
 use tokio::sync::Notify;
@@ -40,7 +40,22 @@ async fn toy() -> Toy {
     client
         .batch_execute(
             "CREATE TABLE effects (effect_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                                   pending boolean NOT NULL)",
+                                   pending boolean NOT NULL);
+             CREATE FUNCTION link_pending(
+                 p_user_id text, p_key text, p_request_hash bytea, p_claim_token bigint,
+                 p_lease_secs float8, p_ttl_secs float8, p_effect_id bigint)
+             RETURNS TABLE (won boolean) LANGUAGE plpgsql AS $$
+             BEGIN
+                 SELECT o.won INTO won FROM idempotency_open(p_user_id, p_key, p_request_hash,
+                     p_claim_token, p_lease_secs, p_ttl_secs) AS o;
+                 IF won THEN
+                     INSERT INTO effects (effect_id, pending) OVERRIDING SYSTEM VALUE
+                     VALUES (p_effect_id, true);
+                     PERFORM idempotency_link(p_user_id, p_key, p_claim_token,
+                                              p_effect_id::text);
+                 END IF;
+                 RETURN NEXT;
+             END $$;",
         )
         .await
         .unwrap();
@@ -74,14 +89,7 @@ async fn toy() -> Toy {
 
 impl Toy {
     fn engine(&self, lease: Duration, ttl: Duration) -> Engine {
-        Engine::new(
-            self.pool.clone(),
-            Policy {
-                ttl,
-                lease,
-                layout: Layout::default(),
-            },
-        )
+        Engine::new(self.pool.clone(), Policy { ttl, lease })
     }
 
     /// A plain answer that no effect stands behind.
@@ -93,24 +101,12 @@ impl Toy {
         )))
     }
 
-    /// Makes a pending effect and links it to the key, in one statement.
+    /// Makes a pending effect and links it to the key, in one call.
     async fn link_pending(&self, claim: &Claim) -> i64 {
-        static LINK: std::sync::LazyLock<Linking> = std::sync::LazyLock::new(|| {
-            Linking::new(
-                "made AS (INSERT INTO effects (effect_id, pending)
-                          OVERRIDING SYSTEM VALUE
-                          SELECT $4::text::bigint, true WHERE EXISTS (SELECT 1 FROM claim)
-                          RETURNING 1)",
-                "EXISTS (SELECT 1 FROM made)",
-                "1 AS one",
-            )
-        });
         let id = rand_id();
+        let opening = Opening::new("link_pending", vec![Box::new(id)]);
         let client = self.pool.get().await.unwrap();
-        let (fence, _) = claim
-            .link_with(&client, &LINK, &id.to_string(), &[])
-            .await
-            .unwrap();
+        let (fence, _) = claim.open(&client, &opening).await.unwrap();
         assert_eq!(fence, idempotency::Fence::Held);
         id
     }
@@ -164,10 +160,16 @@ async fn replays_409s_and_422s_spend_no_token_of_the_new_click_limit() {
     let engine = &engine;
     let run = |k: &'static str, body: &'static str| async move {
         engine
-            .run("alice", &key(k), &hash(body), None, |claim| async move {
-                toy.answer(&claim).await
-            })
+            .run(
+                "alice",
+                &key(k),
+                &hash(body),
+                None,
+                Duration::ZERO,
+                |claim| async move { toy.answer(&claim).await },
+            )
             .await
+            .map(|ran| ran.reply)
             .unwrap()
     };
     assert!(matches!(run("a", "{}").await, Reply::First(_)));
@@ -208,20 +210,34 @@ async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
         let engine = &engine;
         async move {
             engine
-                .run("alice", &key(k), &hash("{}"), None, |claim| async move {
-                    assert_eq!(claim.kind, ClaimKind::Abandoned, "{k} is a takeover");
-                    toy.answer(&claim).await
-                })
+                .run(
+                    "alice",
+                    &key(k),
+                    &hash("{}"),
+                    None,
+                    Duration::ZERO,
+                    |claim| async move {
+                        assert_eq!(claim.kind, ClaimKind::Abandoned, "{k} is a takeover");
+                        toy.answer(&claim).await
+                    },
+                )
                 .await
+                .map(|ran| ran.reply)
                 .unwrap()
         }
     };
     // The bucket's one token goes to a new click; the takeover needs none.
     let fresh = engine
-        .run("alice", &key("b"), &hash("{}"), None, |claim| async move {
-            toy.answer(&claim).await
-        })
+        .run(
+            "alice",
+            &key("b"),
+            &hash("{}"),
+            None,
+            Duration::ZERO,
+            |claim| async move { toy.answer(&claim).await },
+        )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(matches!(fresh, Reply::First(_)));
     let taken = run("a").await;
@@ -242,10 +258,16 @@ async fn redis_mode_a_claim_that_fails_after_the_lock_gives_the_lock_back() {
         .await
         .unwrap();
     let failed = engine
-        .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
-            toy.answer(&claim).await
-        })
-        .await;
+        .run(
+            &user,
+            &key("a"),
+            &hash("{}"),
+            None,
+            Duration::ZERO,
+            |claim| async move { toy.answer(&claim).await },
+        )
+        .await
+        .map(|ran| ran.reply);
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(
         lock_of(&user, "a").await,
@@ -257,10 +279,16 @@ async fn redis_mode_a_claim_that_fails_after_the_lock_gives_the_lock_back() {
         .await
         .unwrap();
     let retried = engine
-        .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
-            toy.answer(&claim).await
-        })
+        .run(
+            &user,
+            &key("a"),
+            &hash("{}"),
+            None,
+            Duration::ZERO,
+            |claim| async move { toy.answer(&claim).await },
+        )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(matches!(retried, Reply::First(_)), "{retried:?}");
 }
@@ -281,15 +309,23 @@ async fn redis_mode_a_request_that_lost_its_claim_leaves_the_takers_lock_alone()
         let taker_in = taker_in.clone();
         tokio::spawn(async move {
             engine
-                .run(&user, &key("a"), &hash("{}"), None, |_claim| async move {
-                    taker_in.notified().await;
-                    Ok::<_, Error>(Done::Answer(StoredResponse::new(
-                        200,
-                        "text/plain",
-                        b"zombie".to_vec(),
-                    )))
-                })
+                .run(
+                    &user,
+                    &key("a"),
+                    &hash("{}"),
+                    None,
+                    Duration::ZERO,
+                    |_claim| async move {
+                        taker_in.notified().await;
+                        Ok::<_, Error>(Done::Answer(StoredResponse::new(
+                            200,
+                            "text/plain",
+                            b"zombie".to_vec(),
+                        )))
+                    },
+                )
                 .await
+                .map(|ran| ran.reply)
                 .unwrap()
         })
     };
@@ -301,17 +337,25 @@ async fn redis_mode_a_request_that_lost_its_claim_leaves_the_takers_lock_alone()
         let (taker_in, taker_go) = (taker_in.clone(), taker_go.clone());
         tokio::spawn(async move {
             engine
-                .run(&user, &key("a"), &hash("{}"), None, |claim| async move {
-                    assert_eq!(claim.kind, ClaimKind::Abandoned);
-                    taker_in.notify_one();
-                    taker_go.notified().await;
-                    Ok::<_, Error>(Done::Answer(StoredResponse::new(
-                        200,
-                        "text/plain",
-                        b"taker".to_vec(),
-                    )))
-                })
+                .run(
+                    &user,
+                    &key("a"),
+                    &hash("{}"),
+                    None,
+                    Duration::ZERO,
+                    |claim| async move {
+                        assert_eq!(claim.kind, ClaimKind::Abandoned);
+                        taker_in.notify_one();
+                        taker_go.notified().await;
+                        Ok::<_, Error>(Done::Answer(StoredResponse::new(
+                            200,
+                            "text/plain",
+                            b"taker".to_vec(),
+                        )))
+                    },
+                )
                 .await
+                .map(|ran| ran.reply)
                 .unwrap()
         })
     };
@@ -357,7 +401,7 @@ async fn a_waiter_turned_away_by_the_lock_backs_off_instead_of_spinning() {
         .unwrap();
     let before = toy.gets.load(Ordering::Relaxed);
     let ran = engine
-        .run_waiting(
+        .run(
             &user,
             &key("a"),
             &hash("{}"),
@@ -388,15 +432,21 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     };
     let effect = toy.link_pending(&claim).await;
     let first = engine
-        .run("alice", &answered, &hash("{}"), None, |claim| async move {
-            toy.answer(&claim).await
-        })
+        .run(
+            "alice",
+            &answered,
+            &hash("{}"),
+            None,
+            Duration::ZERO,
+            |claim| async move { toy.answer(&claim).await },
+        )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(matches!(first, Reply::First(_)));
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
 
-    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(1));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(1));
     assert_eq!(
         toy.count("SELECT count(*) FROM idempotency_keys WHERE key = 'settling'")
             .await,
@@ -406,12 +456,20 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     // Its retry after the TTL finishes the old intent: it resumes the
     // linked effect, never starts afresh without it.
     let resumed = engine
-        .run("alice", &settling, &hash("{}"), None, |claim| async move {
-            assert_eq!(claim.kind, ClaimKind::Abandoned);
-            assert_eq!(claim.effect, Some(effect.to_string()));
-            toy.answer(&claim).await
-        })
+        .run(
+            "alice",
+            &settling,
+            &hash("{}"),
+            None,
+            Duration::ZERO,
+            |claim| async move {
+                assert_eq!(claim.kind, ClaimKind::Abandoned);
+                assert_eq!(claim.effect, Some(effect.to_string()));
+                toy.answer(&claim).await
+            },
+        )
         .await
+        .map(|ran| ran.reply)
         .unwrap();
     assert!(matches!(resumed, Reply::First(_)), "{resumed:?}");
 
@@ -423,6 +481,6 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
         .execute("UPDATE effects SET pending = false", &[])
         .await
         .unwrap();
-    assert_eq!(cleanup.run().await.unwrap(), CleanupOutcome::Deleted(1));
+    assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(1));
     assert_eq!(toy.count("SELECT count(*) FROM idempotency_keys").await, 0);
 }

@@ -38,8 +38,7 @@ pub(super) async fn claimed(
     // The function of migrations/V7, on one PostgreSQL and on Citus alike
     // (place.rs says why): $1-$7 are the engine's, then the order's id, its
     // new status and Payrail's charge id.
-    static SETTLE: LazyLock<Storing> =
-        LazyLock::new(|| Storing::function("checkout_settle_claimed", 3));
+    static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 3));
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idempotency::{Begin, Engine, IdempotencyKey, Layout, Policy, RequestHash};
+use idempotency::{Begin, Engine, IdempotencyKey, Policy, RequestHash};
 use serde_json::Value;
 
 use super::run;
@@ -154,7 +154,6 @@ async fn purge_refuses_a_click_in_progress_or_settling_and_its_key_stays() {
         Policy {
             ttl: Duration::from_secs(86_400),
             lease: Duration::from_secs(30),
-            layout: Layout::default(),
         },
     );
     let body = order_body(&[1], "pm_card_visa");
