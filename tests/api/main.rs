@@ -32,6 +32,7 @@ mod routing;
 mod seats;
 mod security;
 mod slow_requests;
+mod steps;
 mod storm;
 mod takeover;
 mod trace;
