@@ -18,6 +18,7 @@ use idempotency::{AnswerCache, Engine, Gate, Layout, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::{KeySource, Provider, Verifier};
+use crate::checkout::holds::HoldPolicy;
 use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
@@ -207,7 +208,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,
-        holds: settings.holds.policy(),
+        holds: HoldPolicy::from(&settings.holds),
         max_body_bytes: settings.http.max_body_bytes,
         request_timeout: settings.http.request_timeout(),
         events,
