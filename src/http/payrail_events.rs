@@ -16,7 +16,7 @@ use serde_json::json;
 use super::problem::Problem;
 use super::{body, AppState};
 use crate::checkout::orders::EventResult;
-use crate::observe;
+use crate::observe::{Counter, Histogram, Label, Metric};
 use crate::payrail::{Event, EventKind, SignatureError, Verifier};
 
 /// The idempotency scope event ids are kept in. A scope is compared with
@@ -28,6 +28,17 @@ pub const EVENT_SCOPE: &str = "\u{1}payrail-events";
 /// A duplicate that finds the first delivery still being applied waits this
 /// long for its answer before a 409 (which Payrail retries later).
 const DUPLICATE_WAIT: Duration = Duration::from_secs(5);
+
+const EVENTS: Counter<(EventKind, EventResult)> = Counter::new(
+    "payrail_events_total",
+    "Payrail events received, by type and result (bad_signature: refused, nothing written)",
+);
+const EVENT_AGE: Histogram = Histogram::new(
+    "payrail_event_age_seconds",
+    "Seconds from Payrail's decision (the event's created) to the event settling its order",
+);
+/// What receiving events reports, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&EVENTS, &EVENT_AGE];
 
 /// What receiving events needs: the signature check and an engine of its
 /// own, without the per-buyer limit (every event shares one scope).
@@ -113,22 +124,26 @@ pub async fn receive(
             DUPLICATE_WAIT,
             |_claim| async move {
                 let result = orders.apply_event(&event).await.map_err(Problem::from)?;
-                observe::payrail_event(kind, result);
+                EVENTS.of((kind, result)).increment(1);
                 if result == EventResult::Applied {
-                    observe::payrail_event_applied_age(unix_now() as f64 - event.created as f64);
+                    // How long after Payrail decided the event took effect.
+                    let age = unix_now() as f64 - event.created as f64;
+                    EVENT_AGE.get().record(age.max(0.0));
                 }
                 Ok::<_, Problem>(Done::Answer(answer(result)))
             },
         )
         .await?;
     if let Reply::Replay(_) = ran.reply {
-        observe::payrail_event(kind, EventResult::Duplicate);
+        EVENTS.of((kind, EventResult::Duplicate)).increment(1);
     }
     Ok(actix::respond(ran.reply)?)
 }
 
 fn refused(error: SignatureError) -> Problem {
-    observe::payrail_event(EventKind::Unverified, EventResult::BadSignature);
+    EVENTS
+        .of((EventKind::Unverified, EventResult::BadSignature))
+        .increment(1);
     tracing::warn!(%error, "a Payrail event was refused");
     error.into()
 }
