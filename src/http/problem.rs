@@ -105,40 +105,27 @@ pub enum Problem {
     Internal(#[source] anyhow::Error),
 }
 
-// For the OpenAPI document only: `Body` below is what is sent, and a unit
-// test keeps the two in step.
 /// An RFC 9457 Problem Details body (`application/problem+json`).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ProblemDetails {
     /// `https://stagedoor.example/problems/<slug>`.
+    #[serde(rename = "type")]
     #[schema(
-        rename = "type",
         format = "uri",
         example = "https://stagedoor.example/problems/hold-unavailable"
     )]
     kind: String,
     /// A short summary of the problem type.
     #[schema(example = "Hold unavailable")]
-    title: String,
+    title: &'static str,
     /// The HTTP status code, repeated.
     #[schema(example = 409)]
     status: u16,
     /// What went wrong with this request.
     detail: String,
     /// The declined or failed order (`payment-declined`, `payment-failed` only).
-    order_id: Option<Uuid>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    order_id: Option<&'a Uuid>,
+    order_id: Option<Uuid>,
 }
 
 impl Problem {
@@ -250,14 +237,14 @@ impl Problem {
     /// The answer as bytes: what is sent, and what is stored for a replay.
     pub fn to_response(&self) -> StoredResponse {
         let (status, slug, title) = self.catalogue();
-        let body = Body {
+        let body = ProblemDetails {
             kind: format!("{TYPE_BASE}{slug}"),
             title,
             status: status.as_u16(),
             detail: self.to_string(),
             order_id: match self {
                 Problem::PaymentDeclined { order_id } | Problem::PaymentFailed { order_id } => {
-                    Some(order_id)
+                    Some(*order_id)
                 }
                 _ => None,
             },
