@@ -17,13 +17,14 @@ use tokio_util::sync::CancellationToken;
 use idempotency::{AnswerCache, Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
-use crate::auth::{KeySource, Provider, Verifier};
+use crate::auth::{self, KeySource, Provider, Verifier};
+use crate::checkout::holds::HoldPolicy;
 use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
-use crate::http::payrail_events::PayrailEvents;
+use crate::http::payrail_events::{self, PayrailEvents};
 use crate::http::{self, AppState};
-use crate::jobs::Jobs;
+use crate::jobs::{cleanup, reconcile, Jobs};
 use crate::payrail;
 use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
@@ -44,7 +45,15 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        observe::install();
+        // Every module that reports a metric, so that its series are there
+        // from the first scrape.
+        observe::install(&[
+            auth::METRICS,
+            cleanup::METRICS,
+            reconcile::METRICS,
+            payrail::METRICS,
+            payrail_events::METRICS,
+        ]);
         prepare_database(&settings).await?;
         let pool = db::pool(&settings.database)?;
         if settings.demo.seed {
@@ -203,7 +212,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         pool,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,
-        holds: settings.holds.policy(),
+        holds: HoldPolicy::from(&settings.holds),
         max_body_bytes: settings.http.max_body_bytes,
         request_timeout: settings.http.request_timeout(),
         events,

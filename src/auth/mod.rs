@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::AuthSettings;
 
-pub use provider::{KeySource, Provider};
+pub use provider::{KeySource, Provider, METRICS};
 pub use secret::Tokens;
 
 /// A buyer's id: the token's `sub` as the identity provider gives it (an

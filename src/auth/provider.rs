@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Claims, TokenError};
 use crate::config::AuthSettings;
-use crate::observe;
+use crate::observe::{labels, Counter, Gauge, Metric};
 
 /// The bounds of the background refresh; also how long a `kid` the set
 /// lacked is not worth another fetch.
@@ -38,6 +38,37 @@ const ON_DEMAND_GAP: Duration = Duration::from_secs(1);
 const MAX_MISSING: usize = 1_024;
 const MAX_REFRESH: Duration = Duration::from_secs(300);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+labels! {
+    /// How a fetch of the key set ended.
+    #[label = "result"]
+    enum FetchResult {
+        Ok = "ok",
+        Failed = "failed",
+    }
+}
+
+const FETCHES: Counter<FetchResult> = Counter::new(
+    "auth_key_fetches_total",
+    "Fetches of the identity provider's key set, by result",
+);
+const KEYS_STALE: Gauge = Gauge::new(
+    "auth_keys_stale",
+    "1 while the last fetch of the identity provider's keys failed",
+);
+/// What the key fetches report, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&FETCHES, &KEYS_STALE];
+
+/// A fetch of the key set ended; a failed one makes the keys in use stale
+/// until the next good one.
+fn fetched(result: FetchResult) {
+    FETCHES.of(result).increment(1);
+    let stale = match result {
+        FetchResult::Ok => 0.0,
+        FetchResult::Failed => 1.0,
+    };
+    KEYS_STALE.get().set(stale);
+}
 
 /// Where the key set is published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,11 +277,11 @@ impl Provider {
                 if let Ok(mut current) = self.inner.current.write() {
                     *current = Some(Arc::new(set));
                 }
-                observe::auth_keys_fetched(true);
+                fetched(FetchResult::Ok);
                 Ok(max_age)
             }
             Err(error) => {
-                observe::auth_keys_fetched(false);
+                fetched(FetchResult::Failed);
                 match self.current() {
                     Some(set) => tracing::warn!(
                         error = %error,

@@ -11,6 +11,7 @@ use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
 
 use super::CheckoutError;
+use crate::config::HoldSettings;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Hold {
@@ -29,6 +30,15 @@ pub struct HoldPolicy {
     /// A buyer's live holds on one event that no order has taken yet, at
     /// most: so that one buyer cannot hold a whole event.
     pub max_per_buyer: u32,
+}
+
+impl From<&HoldSettings> for HoldPolicy {
+    fn from(settings: &HoldSettings) -> Self {
+        Self {
+            ttl: Duration::from_secs(settings.ttl_secs),
+            max_per_buyer: settings.max_per_buyer,
+        }
+    }
 }
 
 /// How a hold is answered to the request that made it: the HTTP layer's to

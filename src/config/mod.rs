@@ -401,15 +401,6 @@ impl HttpSettings {
     }
 }
 
-impl HoldSettings {
-    pub fn policy(&self) -> crate::checkout::holds::HoldPolicy {
-        crate::checkout::holds::HoldPolicy {
-            ttl: Duration::from_secs(self.ttl_secs),
-            max_per_buyer: self.max_per_buyer,
-        }
-    }
-}
-
 impl IdempotencySettings {
     pub fn ttl(&self) -> Duration {
         Duration::from_secs(self.ttl_secs)

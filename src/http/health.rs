@@ -1,6 +1,6 @@
 //! Liveness and readiness for orchestrators.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 use serde::Serialize;
 
 use super::problem::Problem;
@@ -16,8 +16,6 @@ pub struct Health {
 
 /// The process is up.
 #[utoipa::path(
-    get,
-    path = "/healthz",
     tag = "operations",
     summary = "Liveness",
     description = "200 while the process serves HTTP. It asks nothing of the database (that is \
@@ -26,14 +24,13 @@ pub struct Health {
     security(),
     responses((status = 200, description = "The process is up", body = Health))
 )]
+#[get("/healthz")]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// The database answers: this instance can serve.
 #[utoipa::path(
-    get,
-    path = "/readyz",
     tag = "operations",
     summary = "Readiness",
     description = "200 when a pooled database connection answers and, with an identity \
@@ -43,11 +40,9 @@ pub async fn healthz() -> HttpResponse {
         is asked at most once at a time, and an outcome answers for a second: concurrent \
         callers share one check, and never hold more than one pooled connection.",
     security(),
-    responses(
-        (status = 200, description = "The database answers", body = Health),
-        super::openapi::ServerFailures,
-    )
+    responses((status = 200, description = "The database answers", body = Health))
 )]
+#[get("/readyz")]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     if !state.verifier.has_keys() {
         return Err(Problem::KeysUnavailable);

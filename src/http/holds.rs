@@ -1,9 +1,9 @@
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{delete, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use idempotency::StoredResponse;
 
-use super::problem::{Problem, ProblemDetails};
+use super::problem::Problem;
 use super::{body, idempotent, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
 
@@ -13,15 +13,14 @@ struct HoldRequest {
     seat_id: i64,
 }
 
-/// `POST /holds`: idempotent when an `Idempotency-Key` is sent.
+/// Idempotent when an `Idempotency-Key` is sent.
 #[utoipa::path(
-    post,
-    path = "/holds",
     operation_id = "hold_seat",
     tag = "holds",
     summary = "Hold a seat",
     description = "The seat stays the buyer's for `holds.ttl_secs`. With an `Idempotency-Key` \
-        the first answer (2xx or 4xx) is stored and a retry with the same key gets it back.",
+        the first answer (2xx or 4xx) is stored and a retry with the same key gets it back. \
+        A seat that does not exist is 404.",
     params(
         ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
             pattern = "^[!#-~]{1,255}$",
@@ -35,10 +34,7 @@ struct HoldRequest {
     request_body = HoldRequest,
     security(("bearer" = [])),
     responses(
-        super::openapi::Unauthenticated,
         (status = 201, description = "Held", body = Hold,
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer")),
             links(
                 ("ReleaseHold" = (operation_id = "release_hold",
                     parameters(("hold_id" = "$response.body#/hold_id")))),
@@ -48,37 +44,9 @@ struct HoldRequest {
                         "payment_method": "pm_card_visa"
                     }))),
             )),
-        (status = 400, description = "`idempotency-key-invalid` or `invalid-request` \
-            (not JSON, or not this shape); nothing is stored",
-            body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "`not-found`: there is no such seat", body = ProblemDetails,
-            content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"))),
-        (status = 409, description = "`seat-unavailable` (another live hold or an order has it), \
-            `hold-limit-reached` (the buyer has `holds.max_per_buyer` live holds on the event \
-            that no order has taken; nothing written) or `request-in-progress` (with `Retry-After`)",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(
-                ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
-                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
-            )),
-        (status = 429, description = "`rate-limited`: a new click past the buyer's limit \
-            (`limits.new_keys_per_sec`, `limits.burst`, per instance); nothing was stored for the \
-            key, and a retry of an answered key is never limited",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
-        (status = 413, description = "`payload-too-large`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 408, description = "`request-timeout`: the body did not arrive within \
-            `http.request_timeout_secs`; nothing was claimed or written, retry with the same \
-            key", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "`idempotency-key-reused`: the key was sent with another request",
-            body = ProblemDetails, content_type = "application/problem+json"),
-        super::openapi::ServerFailures,
     )
 )]
+#[post("/holds")]
 pub async fn create(
     state: web::Data<AppState>,
     buyer: Buyer,
@@ -115,10 +83,8 @@ fn answer(hold: &Hold) -> StoredResponse {
     )
 }
 
-/// `DELETE /holds/{hold_id}`: the buyer's own, unordered holds only.
+/// The buyer's own, unordered holds only.
 #[utoipa::path(
-    delete,
-    path = "/holds/{hold_id}",
     operation_id = "release_hold",
     tag = "holds",
     summary = "Give a held seat back",
@@ -127,14 +93,9 @@ fn answer(hold: &Hold) -> StoredResponse {
         hold id tells nobody else anything.",
     params(("hold_id" = i64, Path, description = "The hold's id")),
     security(("bearer" = [])),
-    responses(
-        super::openapi::Unauthenticated,
-        (status = 204, description = "Released"),
-        (status = 404, description = "`not-found`: unknown, another buyer's, or in an order",
-            body = ProblemDetails, content_type = "application/problem+json"),
-        super::openapi::ServerFailures,
-    )
+    responses((status = 204, description = "Released"))
 )]
+#[delete("/holds/{hold_id}")]
 pub async fn release(
     state: web::Data<AppState>,
     buyer: Buyer,

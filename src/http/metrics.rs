@@ -1,4 +1,4 @@
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 
 use super::AppState;
 use crate::observe;
@@ -6,8 +6,6 @@ use crate::observe;
 /// `GET /metrics`: Prometheus text format, no token (scrapers live inside
 /// the deployment's network).
 #[utoipa::path(
-    get,
-    path = "/metrics",
     tag = "operations",
     summary = "Prometheus metrics",
     description = "This instance's counters, gauges and histograms in the Prometheus text \
@@ -17,6 +15,7 @@ use crate::observe;
     responses((status = 200, description = "Prometheus text exposition format",
         body = String, content_type = "text/plain"))
 )]
+#[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     observe::pool(state.pool.status());
     HttpResponse::Ok()

@@ -10,7 +10,7 @@ mod health;
 mod holds;
 mod idempotent;
 pub mod metrics;
-pub mod openapi;
+mod openapi;
 mod orders;
 pub mod payrail_events;
 pub mod problem;
@@ -20,18 +20,22 @@ pub mod watch;
 use std::time::Duration;
 
 use actix_web::body::MessageBody;
-use actix_web::dev::ServiceResponse;
+use actix_web::dev::{AppService, HttpServiceFactory, ServiceResponse};
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, ResponseError};
 use deadpool_postgres::Pool;
 use idempotency::Engine;
+use utoipa::openapi::path::{Operation, PathItem, Paths};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use utoipa_actix_web::OpenApiFactory;
 
 use crate::auth::Verifier;
 use crate::checkout::orders::Orders;
 use crate::readiness::Readiness;
-use problem::Problem;
+use problem::{answers, Kind, Problem};
 
 pub use auth::Buyer;
 pub use orders::answer as order_answer;
@@ -58,45 +62,84 @@ pub struct AppState {
     pub events: Option<payrail_events::PayrailEvents>,
 }
 
-/// Every route: one method per path, and a 405 with `Allow` for the others.
+/// Every route: the API's operations, then the browser files. Each path
+/// answers its own methods, and 405 `method-not-allowed` with `Allow` for
+/// the others (actix alone would answer 404).
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(endpoint("/healthz", Method::GET, health::healthz))
-        .service(endpoint("/readyz", Method::GET, health::readyz))
-        .service(endpoint("/metrics", Method::GET, metrics::metrics))
-        .service(endpoint(
-            "/openapi.json",
-            Method::GET,
-            openapi::openapi_json,
-        ))
-        .service(endpoint(
-            "/events/{event_id}/seats",
-            Method::GET,
-            seats::seat_map,
-        ))
-        .service(endpoint("/holds", Method::POST, holds::create))
-        .service(endpoint("/holds/{hold_id}", Method::DELETE, holds::release))
-        .service(endpoint("/orders", Method::POST, orders::create))
-        .service(endpoint("/orders/{order_id}", Method::GET, orders::show))
-        .service(endpoint(
-            "/payrail/events",
-            Method::POST,
-            payrail_events::receive,
-        ))
-        .service(file("/demo/", demo::page))
+    cfg.app_data(web::Data::new(openapi::Document::of(api)));
+    api(&mut ServiceConfig::new(cfg));
+    cfg.service(file("/demo/", demo::page))
         .service(file("/demo", demo::redirect))
         .service(file("/client/checkout.js", client::module))
         .service(file("/client/checkout.d.ts", client::types));
 }
 
-/// A path served by one method; the others answer 405 `method-not-allowed`
-/// with the `Allow` header (actix alone would answer 404).
-fn endpoint<F, Args>(path: &str, method: Method, handler: F) -> actix_web::Resource
-where
-    F: Handler<Args>,
-    Args: FromRequest + 'static,
-    F::Output: Responder + 'static,
-{
-    resource(path, &[method], handler)
+/// The API: each operation registered once, with the problems it answers
+/// (`problem::answers`). Registering it is also what collects
+/// `/openapi.json` (`openapi::Document`).
+fn api(cfg: &mut ServiceConfig) {
+    cfg.service(Endpoint(health::healthz, answers::NONE))
+        .service(Endpoint(health::readyz, answers::READINESS))
+        .service(Endpoint(metrics::metrics, answers::NONE))
+        .service(Endpoint(openapi::openapi_json, answers::NONE))
+        .service(Endpoint(seats::seat_map, answers::BUYERS_OWN))
+        .service(Endpoint(holds::create, answers::HOLD_SEAT))
+        .service(Endpoint(holds::release, answers::BUYERS_OWN))
+        .service(Endpoint(orders::create, answers::PLACE_ORDER))
+        .service(Endpoint(orders::show, answers::BUYERS_OWN))
+        .service(Endpoint(payrail_events::receive, answers::PAYRAIL_EVENT));
+}
+
+/// An operation of the API: a handler with its method and path (its
+/// `#[get]`, `#[post]`...) and its `#[utoipa::path]`, and the problems it
+/// answers, which the document lists as its error responses.
+struct Endpoint<S>(S, &'static [Kind]);
+
+impl<S: HttpServiceFactory + OpenApiFactory> HttpServiceFactory for Endpoint<S> {
+    fn register(self, config: &mut AppService) {
+        let Endpoint(handler, _) = self;
+        let paths = handler.paths();
+        handler.register(config);
+        // After the handler's own resource, so that only the methods it does
+        // not take reach this one.
+        for (path, mut item) in paths.paths {
+            let methods: Vec<Method> = operations(&mut item).map(|(method, _)| method).collect();
+            allowing(web::resource(path), &methods).register(config);
+        }
+    }
+}
+
+impl<S: OpenApiFactory> OpenApiFactory for Endpoint<S> {
+    fn paths(&self) -> Paths {
+        let Endpoint(handler, problems) = self;
+        let mut paths = handler.paths();
+        for item in paths.paths.values_mut() {
+            for (_, operation) in operations(item) {
+                openapi::document_answers(operation, problems);
+            }
+        }
+        paths
+    }
+
+    fn schemas(&self, schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        self.0.schemas(schemas);
+    }
+}
+
+/// The operations of a documented path, each with its method.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = (Method, &mut Operation)> {
+    [
+        (Method::GET, &mut item.get),
+        (Method::PUT, &mut item.put),
+        (Method::POST, &mut item.post),
+        (Method::DELETE, &mut item.delete),
+        (Method::OPTIONS, &mut item.options),
+        (Method::HEAD, &mut item.head),
+        (Method::PATCH, &mut item.patch),
+        (Method::TRACE, &mut item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(method, operation)| Some((method, operation.as_mut()?)))
 }
 
 /// A file a browser or a cache may probe: `GET`, and `HEAD` with the same
@@ -107,22 +150,20 @@ where
     Args: FromRequest + 'static,
     F::Output: Responder + 'static,
 {
-    resource(path, &[Method::GET, Method::HEAD], handler)
-}
-
-fn resource<F, Args>(path: &str, methods: &[Method], handler: F) -> actix_web::Resource
-where
-    F: Handler<Args>,
-    Args: FromRequest + 'static,
-    F::Output: Responder + 'static,
-{
-    let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
-    let allow = HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static("GET"));
+    let methods = [Method::GET, Method::HEAD];
     let resource = methods
         .iter()
         .fold(web::resource(path), |resource, method| {
             resource.route(web::method(method.clone()).to(handler.clone()))
         });
+    allowing(resource, &methods)
+}
+
+/// `resource`, answering 405 `method-not-allowed` with `Allow: methods`
+/// for any method it has no route for.
+fn allowing(resource: actix_web::Resource, methods: &[Method]) -> actix_web::Resource {
+    let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+    let allow = HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static("GET"));
     resource.default_service(web::to(move || {
         let allow = allow.clone();
         async move {

@@ -1,9 +1,9 @@
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use idempotency::StoredResponse;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::problem::{Problem, ProblemDetails};
+use super::problem::Problem;
 use super::{body, idempotent, AppState, Buyer};
 use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
 use crate::checkout::CheckoutError;
@@ -26,10 +26,8 @@ pub struct OrderRequest {
     pub payment_method: String,
 }
 
-/// `POST /orders`: the Idempotency-Key is required.
+/// The Idempotency-Key is required.
 #[utoipa::path(
-    post,
-    path = "/orders",
     operation_id = "place_order",
     tag = "orders",
     summary = "Pay for holds: one click, one order, at most one charge",
@@ -50,60 +48,13 @@ pub struct OrderRequest {
     request_body = OrderRequest,
     security(("bearer" = [])),
     responses(
-        super::openapi::Unauthenticated,
         (status = 201, description = "Charged: the order", body = Order,
-            headers(
-                ("Location" = String, description = "`/orders/{order_id}`"),
-                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
-            ),
+            headers(("Location" = String, description = "`/orders/{order_id}`")),
             links(("ShowOrder" = (operation_id = "show_order",
                 parameters(("order_id" = "$response.body#/order_id")))))),
-        (status = 400, description = "`idempotency-key-missing`, `idempotency-key-invalid` or \
-            `invalid-request` (not JSON, or not this shape); nothing is stored",
-            body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 402, description = "`payment-declined`, with the declined order's `order_id`, \
-            or `payment-failed` (Payrail never decided, so the charge was canceled there); \
-            the holds stay the buyer's for another click with a new key",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer")),
-            links(("ShowDeclinedOrder" = (operation_id = "show_order",
-                parameters(("order_id" = "$response.body#/order_id")))))),
-        (status = 409, description = "`hold-unavailable` (a hold is unknown, not yours, expired \
-            or in another order) or `request-in-progress` (with `Retry-After`)",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(
-                ("Retry-After" = u32, description = "Seconds to wait (`request-in-progress`)"),
-                ("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"),
-            )),
-        (status = 429, description = "`rate-limited`: a new click past the buyer's limit \
-            (`limits.new_keys_per_sec`, `limits.burst`, per instance); nothing was stored for the \
-            key, and a retry of an answered key is never limited",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds until a new click is accepted"))),
-        (status = 413, description = "`payload-too-large`", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 408, description = "`request-timeout`: the body did not arrive within \
-            `http.request_timeout_secs`; nothing was claimed or written, retry with the same \
-            key", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid-order` (no holds, a hold twice, a malformed \
-            payment method) or `idempotency-key-reused` (the key was sent with another request)",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"),
-                ("Preference-Applied" = String, description = "`wait=N` when the request waited for this answer"))),
-        (status = 500, description = "`internal`; not stored", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        (status = 503, description = "`payment-unavailable` (Payrail failing or its breaker open) \
-            or `service-unavailable` (the database is out of reach); not stored",
-            body = ProblemDetails, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
-        (status = 504, description = "`payment-timeout`: Payrail did not answer in time; not \
-            stored, the order is settled later", body = ProblemDetails,
-            content_type = "application/problem+json"),
     )
 )]
+#[post("/orders")]
 pub async fn create(
     state: web::Data<AppState>,
     buyer: Buyer,
@@ -160,10 +111,8 @@ pub fn answer(order: &Order) -> StoredResponse {
     .with_location(format!("/orders/{}", order.order_id))
 }
 
-/// `GET /orders/{order_id}`: another buyer's order is 404.
+/// Another buyer's order is 404.
 #[utoipa::path(
-    get,
-    path = "/orders/{order_id}",
     operation_id = "show_order",
     tag = "orders",
     summary = "One of the buyer's orders",
@@ -173,14 +122,9 @@ pub fn answer(order: &Order) -> StoredResponse {
         Another buyer's order is 404, as if it did not exist.",
     params(("order_id" = uuid::Uuid, Path, description = "The order's id")),
     security(("bearer" = [])),
-    responses(
-        super::openapi::Unauthenticated,
-        (status = 200, description = "The order", body = Order),
-        (status = 404, description = "`not-found`: no such order of this buyer's",
-            body = ProblemDetails, content_type = "application/problem+json"),
-        super::openapi::ServerFailures,
-    )
+    responses((status = 200, description = "The order", body = Order))
 )]
+#[get("/orders/{order_id}")]
 pub async fn show(
     state: web::Data<AppState>,
     buyer: Buyer,

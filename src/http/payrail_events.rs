@@ -9,14 +9,14 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{post, web, HttpRequest, HttpResponse};
 use idempotency::{actix, Done, Engine, IdempotencyKey, Reply, StoredResponse};
 use serde_json::json;
 
 use super::problem::Problem;
 use super::{body, AppState};
 use crate::checkout::orders::EventResult;
-use crate::observe;
+use crate::observe::{Counter, Histogram, Label, Metric};
 use crate::payrail::{Event, EventKind, SignatureError, Verifier};
 
 /// The idempotency scope event ids are kept in. A scope is compared with
@@ -29,6 +29,17 @@ pub const EVENT_SCOPE: &str = "\u{1}payrail-events";
 /// long for its answer before a 409 (which Payrail retries later).
 const DUPLICATE_WAIT: Duration = Duration::from_secs(5);
 
+const EVENTS: Counter<(EventKind, EventResult)> = Counter::new(
+    "payrail_events_total",
+    "Payrail events received, by type and result (bad_signature: refused, nothing written)",
+);
+const EVENT_AGE: Histogram = Histogram::new(
+    "payrail_event_age_seconds",
+    "Seconds from Payrail's decision (the event's created) to the event settling its order",
+);
+/// What receiving events reports, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&EVENTS, &EVENT_AGE];
+
 /// What receiving events needs: the signature check and an engine of its
 /// own, without the per-buyer limit (every event shares one scope).
 pub struct PayrailEvents {
@@ -36,10 +47,8 @@ pub struct PayrailEvents {
     pub engine: Engine,
 }
 
-/// `POST /payrail/events`: 404 unless `payrail.webhook_secret` is set.
+/// 404 unless `payrail.webhook_secret` is set.
 #[utoipa::path(
-    post,
-    path = "/payrail/events",
     operation_id = "receive_payrail_event",
     tag = "payrail",
     summary = "Payrail's signed charge events (for Payrail, not for buyers)",
@@ -62,21 +71,9 @@ pub struct PayrailEvents {
             | \"unknown\" | \"contradicting\" | \"mismatched\"}`; a repeat of the event id \
             replays its first answer with `Idempotent-Replayed: true`",
             headers(("Idempotent-Replayed" = String, description = "`true` on a repeat"))),
-        (status = 400, description = "`webhook-signature-invalid` (a missing, stale or wrong \
-            signature, a header longer than 1 KiB, with more than 4 `v1` or a `v1` that is not \
-            64 hex digits, or a tampered body) or `invalid-request`; nothing is written",
-            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
-        (status = 408, description = "`request-timeout`: the body did not arrive within \
-            `http.request_timeout_secs`; nothing was written",
-            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "`not-found`: events are off (no `payrail.webhook_secret`)",
-            body = super::problem::ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "`request-in-progress`: the same event is being applied \
-            right now; Payrail retries", body = super::problem::ProblemDetails,
-            content_type = "application/problem+json"),
-        super::openapi::ServerFailures,
     )
 )]
+#[post("/payrail/events")]
 pub async fn receive(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -113,22 +110,26 @@ pub async fn receive(
             DUPLICATE_WAIT,
             |_claim| async move {
                 let result = orders.apply_event(&event).await.map_err(Problem::from)?;
-                observe::payrail_event(kind, result);
+                EVENTS.of((kind, result)).increment(1);
                 if result == EventResult::Applied {
-                    observe::payrail_event_applied_age(unix_now() as f64 - event.created as f64);
+                    // How long after Payrail decided the event took effect.
+                    let age = unix_now() as f64 - event.created as f64;
+                    EVENT_AGE.get().record(age.max(0.0));
                 }
                 Ok::<_, Problem>(Done::Answer(answer(result)))
             },
         )
         .await?;
     if let Reply::Replay(_) = ran.reply {
-        observe::payrail_event(kind, EventResult::Duplicate);
+        EVENTS.of((kind, EventResult::Duplicate)).increment(1);
     }
     Ok(actix::respond(ran.reply)?)
 }
 
 fn refused(error: SignatureError) -> Problem {
-    observe::payrail_event(EventKind::Unverified, EventResult::BadSignature);
+    EVENTS
+        .of((EventKind::Unverified, EventResult::BadSignature))
+        .increment(1);
     tracing::warn!(%error, "a Payrail event was refused");
     error.into()
 }

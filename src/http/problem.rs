@@ -2,6 +2,12 @@
 //! documented with the status and slug it answers, rendered as RFC 9457
 //! Problem Details here and nowhere else. Unexpected errors log their whole
 //! chain and answer an opaque 500.
+//!
+//! The catalogue (`Kind::entry`) says what each problem type is: its status,
+//! slug and title, what its answer carries, and what the OpenAPI document
+//! says of it. Beside it, `answers` lists the types each operation may
+//! answer: the document's error responses are made from that list, so a
+//! handler does not repeat them.
 
 use std::time::Duration;
 
@@ -105,159 +111,404 @@ pub enum Problem {
     Internal(#[source] anyhow::Error),
 }
 
-// For the OpenAPI document only: `Body` below is what is sent, and a unit
-// test keeps the two in step.
 /// An RFC 9457 Problem Details body (`application/problem+json`).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ProblemDetails {
     /// `https://stagedoor.example/problems/<slug>`.
+    #[serde(rename = "type")]
     #[schema(
-        rename = "type",
         format = "uri",
         example = "https://stagedoor.example/problems/hold-unavailable"
     )]
     kind: String,
     /// A short summary of the problem type.
     #[schema(example = "Hold unavailable")]
-    title: String,
+    title: &'static str,
     /// The HTTP status code, repeated.
     #[schema(example = 409)]
     status: u16,
     /// What went wrong with this request.
     detail: String,
     /// The declined or failed order (`payment-declined`, `payment-failed` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
     order_id: Option<Uuid>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    order_id: Option<&'a Uuid>,
+/// A problem type: what a client tells apart by `type`. Several `Problem`s
+/// may be one type (the database's 503 and the identity provider's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Unauthorized,
+    NotFound,
+    MethodNotAllowed,
+    KeyMissing,
+    KeyInvalid,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    KeyReused,
+    RequestInProgress,
+    RateLimited,
+    SeatUnavailable,
+    HoldLimitReached,
+    HoldUnavailable,
+    InvalidOrder,
+    PaymentDeclined,
+    PaymentFailed,
+    WebhookSignatureInvalid,
+    PaymentTimeout,
+    PaymentUnavailable,
+    ServiceUnavailable,
+    Internal,
 }
 
-impl Problem {
-    /// Status, slug and title: the catalogue of problem types (docs/API.md).
-    fn catalogue(&self) -> (StatusCode, &'static str, &'static str) {
-        use Problem::*;
+/// What the catalogue says of a problem type: what is sent, and the
+/// words the OpenAPI document gives it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub title: &'static str,
+    /// When it is answered.
+    pub about: &'static str,
+    pub carries: Carries,
+    /// Answered by the work of a keyed request, it is the intent's answer:
+    /// stored under the key and replayed.
+    pub stored: bool,
+}
+
+/// What an answer carries besides the problem's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carries {
+    Nothing,
+    /// `WWW-Authenticate: Bearer`.
+    Challenge,
+    /// `Retry-After`, in whole seconds.
+    RetryAfter,
+    /// The order it is about, as `order_id` in the body.
+    Order,
+}
+
+impl Entry {
+    const fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        about: &'static str,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            about,
+            carries: Carries::Nothing,
+            stored: false,
+        }
+    }
+
+    const fn carrying(self, carries: Carries) -> Self {
+        Self { carries, ..self }
+    }
+
+    const fn stored(self) -> Self {
+        Self {
+            stored: true,
+            ..self
+        }
+    }
+}
+
+impl Kind {
+    /// The catalogue of problem types (docs/API.md).
+    pub const fn entry(self) -> Entry {
         match self {
-            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
-            NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
-            MethodNotAllowed => (
+            Kind::Unauthorized => Entry::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                "no valid bearer token",
+            )
+            .carrying(Carries::Challenge),
+            Kind::NotFound => Entry::new(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Not found",
+                "what the request names does not exist, or is another buyer's",
+            )
+            .stored(),
+            Kind::MethodNotAllowed => Entry::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
+                "the path does not take this method; `Allow` lists the ones it takes",
             ),
-            KeyMissing => (
+            Kind::KeyMissing => Entry::new(
                 StatusCode::BAD_REQUEST,
                 "idempotency-key-missing",
                 "Idempotency-Key missing",
+                "the request has no `Idempotency-Key`; nothing is stored",
             ),
-            KeyInvalid(_) => (
+            Kind::KeyInvalid => Entry::new(
                 StatusCode::BAD_REQUEST,
                 "idempotency-key-invalid",
                 "Idempotency-Key invalid",
+                "the `Idempotency-Key` is not 1-255 visible ASCII characters; nothing is stored",
             ),
-            InvalidRequest(_) => (
+            Kind::InvalidRequest => Entry::new(
                 StatusCode::BAD_REQUEST,
                 "invalid-request",
                 "Invalid request",
+                "the body is not JSON, or not of this operation's shape; nothing is stored",
             ),
-            PayloadTooLarge(_) => (
+            Kind::PayloadTooLarge => Entry::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
                 "Payload too large",
+                "the body is larger than `http.max_body_bytes`; nothing is stored",
             ),
-            RequestTimeout(_) => (
+            Kind::RequestTimeout => Entry::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "request-timeout",
                 "Request timeout",
+                "the body did not arrive within `http.request_timeout_secs`; nothing was \
+                 claimed or written, so the same request may be sent again",
             ),
-            KeyReused => (
+            Kind::KeyReused => Entry::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency-Key reused",
+                "the key was first sent with another request (method, path or body), whose \
+                 answer this one does not get",
             ),
-            RequestInProgress => (
+            Kind::RequestInProgress => Entry::new(
                 StatusCode::CONFLICT,
                 "request-in-progress",
                 "Request in progress",
-            ),
-            RateLimited { .. } => (
+                "the key's first request is still being answered; retry after `Retry-After`",
+            )
+            .carrying(Carries::RetryAfter),
+            Kind::RateLimited => Entry::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate-limited",
                 "Rate limited",
-            ),
-            SeatUnavailable => (StatusCode::CONFLICT, "seat-unavailable", "Seat unavailable"),
-            HoldLimitReached => (
+                "a new click past the buyer's limit (`limits.new_keys_per_sec`, \
+                 `limits.burst`, per instance); nothing was stored for the key, and a retry \
+                 of an answered key is never limited",
+            )
+            .carrying(Carries::RetryAfter),
+            Kind::SeatUnavailable => Entry::new(
+                StatusCode::CONFLICT,
+                "seat-unavailable",
+                "Seat unavailable",
+                "another live hold or an order has the seat",
+            )
+            .stored(),
+            Kind::HoldLimitReached => Entry::new(
                 StatusCode::CONFLICT,
                 "hold-limit-reached",
                 "Hold limit reached",
-            ),
-            HoldUnavailable => (StatusCode::CONFLICT, "hold-unavailable", "Hold unavailable"),
-            InvalidOrder(_) => (
+                "the buyer has `holds.max_per_buyer` live holds on the event that no order \
+                 has taken; nothing was written",
+            )
+            .stored(),
+            Kind::HoldUnavailable => Entry::new(
+                StatusCode::CONFLICT,
+                "hold-unavailable",
+                "Hold unavailable",
+                "a hold is unknown, not the buyer's, expired or in another order",
+            )
+            .stored(),
+            Kind::InvalidOrder => Entry::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-order",
                 "Invalid order",
-            ),
-            PaymentDeclined { .. } => (
+                "no holds, a hold twice, or a malformed payment method",
+            )
+            .stored(),
+            Kind::PaymentDeclined => Entry::new(
                 StatusCode::PAYMENT_REQUIRED,
                 "payment-declined",
                 "Payment declined",
-            ),
-            PaymentFailed { .. } => (
+                "Payrail declined the card; the holds stay the buyer's for another click \
+                 with a new key",
+            )
+            .carrying(Carries::Order)
+            .stored(),
+            Kind::PaymentFailed => Entry::new(
                 StatusCode::PAYMENT_REQUIRED,
                 "payment-failed",
                 "Payment failed",
-            ),
-            WebhookSignatureInvalid(_) => (
+                "Payrail never decided, so the charge was canceled there; the holds are the \
+                 buyer's again, for another click with a new key",
+            )
+            .carrying(Carries::Order)
+            .stored(),
+            Kind::WebhookSignatureInvalid => Entry::new(
                 StatusCode::BAD_REQUEST,
                 "webhook-signature-invalid",
                 "Webhook signature invalid",
+                "a missing, stale or wrong signature, a header longer than 1 KiB, with more \
+                 than 4 `v1` or a `v1` that is not 64 hex digits, or a tampered body; nothing \
+                 is written",
             ),
-            PaymentTimeout => (
+            Kind::PaymentTimeout => Entry::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "payment-timeout",
                 "Payment timeout",
+                "Payrail did not answer in time; not stored, the order is settled later",
             ),
-            PaymentUnavailable { .. } => (
+            Kind::PaymentUnavailable => Entry::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "payment-unavailable",
                 "Payment unavailable",
-            ),
-            ServiceUnavailable(_) | NotReady | KeysUnavailable => (
+                "Payrail is failing or its breaker is open; not stored",
+            )
+            .carrying(Carries::RetryAfter),
+            Kind::ServiceUnavailable => Entry::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service-unavailable",
                 "Service unavailable",
-            ),
-            Internal(_) => (
+                "the database is out of reach, or the identity provider's keys were never \
+                 fetched; not stored",
+            )
+            .carrying(Carries::RetryAfter),
+            Kind::Internal => Entry::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "Internal error",
+                "an unexpected error, logged and not told; not stored",
             ),
+        }
+    }
+}
+
+/// The problems each operation of the API answers besides its success,
+/// declared once: `http::routes` registers each operation with its list,
+/// and the document's error responses (statuses, what each means, the
+/// headers) are made from the list and the catalogue.
+pub mod answers {
+    use super::Kind;
+
+    /// `/healthz`, `/metrics`, `/openapi.json`: nothing can fail them.
+    pub const NONE: &[Kind] = &[];
+    /// `/readyz`.
+    pub const READINESS: &[Kind] = &[Kind::ServiceUnavailable, Kind::Internal];
+    /// One thing a buyer reads or deletes: the seat map, a hold, an order.
+    pub const BUYERS_OWN: &[Kind] = &[
+        Kind::Unauthorized,
+        Kind::NotFound,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+    /// `POST /holds`.
+    pub const HOLD_SEAT: &[Kind] = &[
+        // Refused before the key is touched.
+        Kind::Unauthorized,
+        Kind::KeyInvalid,
+        Kind::InvalidRequest,
+        Kind::PayloadTooLarge,
+        Kind::RequestTimeout,
+        // The intent's answers.
+        Kind::NotFound,
+        Kind::SeatUnavailable,
+        Kind::HoldLimitReached,
+        // The key's.
+        Kind::RequestInProgress,
+        Kind::KeyReused,
+        Kind::RateLimited,
+        // No answer yet.
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+    /// `POST /orders`.
+    pub const PLACE_ORDER: &[Kind] = &[
+        // Refused before the key is touched.
+        Kind::Unauthorized,
+        Kind::KeyMissing,
+        Kind::KeyInvalid,
+        Kind::InvalidRequest,
+        Kind::PayloadTooLarge,
+        Kind::RequestTimeout,
+        // The intent's answers.
+        Kind::PaymentDeclined,
+        Kind::PaymentFailed,
+        Kind::HoldUnavailable,
+        Kind::InvalidOrder,
+        // The key's.
+        Kind::RequestInProgress,
+        Kind::KeyReused,
+        Kind::RateLimited,
+        // No answer yet.
+        Kind::PaymentTimeout,
+        Kind::PaymentUnavailable,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+    /// `POST /payrail/events`: no token, the signature instead; 404 while
+    /// events are off.
+    pub const PAYRAIL_EVENT: &[Kind] = &[
+        Kind::NotFound,
+        Kind::WebhookSignatureInvalid,
+        Kind::InvalidRequest,
+        Kind::RequestTimeout,
+        Kind::PayloadTooLarge,
+        Kind::RequestInProgress,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+}
+
+impl Problem {
+    /// The problem type this is an instance of.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Problem::Unauthorized(_) => Kind::Unauthorized,
+            Problem::NotFound(_) => Kind::NotFound,
+            Problem::MethodNotAllowed => Kind::MethodNotAllowed,
+            Problem::KeyMissing => Kind::KeyMissing,
+            Problem::KeyInvalid(_) => Kind::KeyInvalid,
+            Problem::InvalidRequest(_) => Kind::InvalidRequest,
+            Problem::PayloadTooLarge(_) => Kind::PayloadTooLarge,
+            Problem::RequestTimeout(_) => Kind::RequestTimeout,
+            Problem::KeyReused => Kind::KeyReused,
+            Problem::RequestInProgress => Kind::RequestInProgress,
+            Problem::RateLimited { .. } => Kind::RateLimited,
+            Problem::SeatUnavailable => Kind::SeatUnavailable,
+            Problem::HoldLimitReached => Kind::HoldLimitReached,
+            Problem::HoldUnavailable => Kind::HoldUnavailable,
+            Problem::InvalidOrder(_) => Kind::InvalidOrder,
+            Problem::PaymentDeclined { .. } => Kind::PaymentDeclined,
+            Problem::PaymentFailed { .. } => Kind::PaymentFailed,
+            Problem::WebhookSignatureInvalid(_) => Kind::WebhookSignatureInvalid,
+            Problem::PaymentTimeout => Kind::PaymentTimeout,
+            Problem::PaymentUnavailable { .. } => Kind::PaymentUnavailable,
+            Problem::ServiceUnavailable(_) | Problem::NotReady | Problem::KeysUnavailable => {
+                Kind::ServiceUnavailable
+            }
+            Problem::Internal(_) => Kind::Internal,
         }
     }
 
     pub fn status(&self) -> StatusCode {
-        self.catalogue().0
+        self.kind().entry().status
     }
 
     /// The answer as bytes: what is sent, and what is stored for a replay.
     pub fn to_response(&self) -> StoredResponse {
-        let (status, slug, title) = self.catalogue();
-        let body = Body {
+        let Entry {
+            status,
+            slug,
+            title,
+            ..
+        } = self.kind().entry();
+        let body = ProblemDetails {
             kind: format!("{TYPE_BASE}{slug}"),
             title,
             status: status.as_u16(),
             detail: self.to_string(),
             order_id: match self {
                 Problem::PaymentDeclined { order_id } | Problem::PaymentFailed { order_id } => {
-                    Some(order_id)
+                    Some(*order_id)
                 }
                 _ => None,
             },
@@ -276,17 +527,15 @@ impl Problem {
         self.status().is_client_error()
     }
 
-    fn retry_after(&self) -> Option<Duration> {
+    /// How long to wait, for a problem whose answer carries `Retry-After`.
+    fn retry_after(&self) -> Duration {
         match self {
-            Problem::RequestInProgress | Problem::ServiceUnavailable(_) | Problem::NotReady => {
-                Some(Duration::from_secs(1))
+            Problem::PaymentUnavailable { retry_after } | Problem::RateLimited { retry_after } => {
+                *retry_after
             }
             // The key set is fetched again every 10 s while it is missing.
-            Problem::KeysUnavailable => Some(Duration::from_secs(5)),
-            Problem::PaymentUnavailable { retry_after } | Problem::RateLimited { retry_after } => {
-                Some(*retry_after)
-            }
-            _ => None,
+            Problem::KeysUnavailable => Duration::from_secs(5),
+            _ => Duration::from_secs(1),
         }
     }
 }
@@ -389,13 +638,17 @@ impl ResponseError for Problem {
         let response = self.to_response();
         let mut builder = HttpResponse::build(self.status());
         builder.insert_header((header::CONTENT_TYPE, CONTENT_TYPE));
-        if let Problem::Unauthorized(_) = self {
-            builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
-        }
-        if let Some(after) = self.retry_after() {
-            // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs.max(1))));
+        match self.kind().entry().carries {
+            Carries::Challenge => {
+                builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+            }
+            Carries::RetryAfter => {
+                // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
+                let after = self.retry_after();
+                let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+                builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs.max(1))));
+            }
+            Carries::Order | Carries::Nothing => {}
         }
         builder.body(response.body)
     }
@@ -454,6 +707,43 @@ mod tests {
         assert_eq!(documented, sent);
         let required: Vec<&str> = schema.required.iter().map(String::as_str).collect();
         assert!(!required.contains(&"order_id"), "{required:?}");
+    }
+
+    #[test]
+    fn an_answer_carries_what_the_catalogue_says() {
+        let order_id = Uuid::nil();
+        let retry_after = Duration::from_millis(1500);
+        let problems = [
+            Problem::Unauthorized("no token"),
+            Problem::NotFound("nothing here"),
+            Problem::RequestInProgress,
+            Problem::RateLimited { retry_after },
+            Problem::HoldUnavailable,
+            Problem::PaymentDeclined { order_id },
+            Problem::PaymentFailed { order_id },
+            Problem::PaymentUnavailable { retry_after },
+            Problem::NotReady,
+            Problem::KeysUnavailable,
+            Problem::Internal(anyhow::anyhow!("a bug")),
+        ];
+        for problem in problems {
+            let carries = problem.kind().entry().carries;
+            let response = problem.error_response();
+            let headers = response.headers();
+            let body: serde_json::Value =
+                serde_json::from_slice(&problem.to_response().body).unwrap();
+            let said = (
+                headers.contains_key(header::WWW_AUTHENTICATE),
+                headers.contains_key(header::RETRY_AFTER),
+                body.get("order_id").is_some(),
+            );
+            let catalogued = (
+                carries == Carries::Challenge,
+                carries == Carries::RetryAfter,
+                carries == Carries::Order,
+            );
+            assert_eq!(said, catalogued, "{problem:?}");
+        }
     }
 
     #[test]

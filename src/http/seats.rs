@@ -1,30 +1,25 @@
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 
-use super::problem::{Problem, ProblemDetails};
+use super::problem::Problem;
 use super::{AppState, Buyer};
 use crate::checkout::seats::{self, SeatMap};
 
-/// `GET /events/{event_id}/seats`
 #[utoipa::path(
-    get,
-    path = "/events/{event_id}/seats",
     operation_id = "seat_map",
     tag = "seats",
     summary = "The seat map of an event",
     description = "Every seat of the event, in seat order, with its label, price and status: \
         `available`, `held` (a live hold has it, or an order waiting for its payment) or `sold` \
         (a paid order has it). A seat the caller holds (live, not yet in an order) carries \
-        `your_hold`, the hold's id and expiry; every other seat has `null` there.",
+        `your_hold`, the hold's id and expiry; every other seat has `null` there. An event \
+        that does not exist is 404.",
     params(("event_id" = String, Path, description = "The event's id", example = "demo")),
     security(("bearer" = [])),
     responses(
-        super::openapi::Unauthenticated,
         (status = 200, description = "Every seat of the event and its status", body = SeatMap),
-        (status = 404, description = "`not-found`: there is no such event", body = ProblemDetails,
-            content_type = "application/problem+json"),
-        super::openapi::ServerFailures,
     )
 )]
+#[get("/events/{event_id}/seats")]
 pub async fn seat_map(
     state: web::Data<AppState>,
     buyer: Buyer,

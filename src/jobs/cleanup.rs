@@ -7,29 +7,32 @@ use deadpool_postgres::Pool;
 pub use idempotency::cleanup::Swept;
 
 use crate::checkout::orders;
-use crate::observe;
+use crate::observe::{labels, Counter, Metric};
 
-/// How a run ended, as `cleanup_runs_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunResult {
-    /// It ran (and deleted zero or more rows).
-    Done,
-    /// Another instance was already cleaning.
-    Skipped,
-    Failed,
+labels! {
+    /// How a run ended.
+    #[label = "result"]
+    enum RunResult {
+        /// It ran (and deleted zero or more rows).
+        Done = "done",
+        /// Another instance was already cleaning.
+        Skipped = "skipped",
+        Failed = "failed",
+    }
 }
 
-impl RunResult {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [RunResult; 3] = [RunResult::Done, RunResult::Skipped, RunResult::Failed];
+const RUNS: Counter<RunResult> =
+    Counter::new("cleanup_runs_total", "Expired-key cleanup runs by result");
+const ROWS_DELETED: Counter = Counter::new(
+    "cleanup_rows_deleted_total",
+    "Expired idempotency keys deleted",
+);
+/// What the cleanup reports, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&RUNS, &ROWS_DELETED];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunResult::Done => "done",
-            RunResult::Skipped => "skipped",
-            RunResult::Failed => "failed",
-        }
-    }
+fn ran(result: RunResult, rows: u64) {
+    RUNS.of(result).increment(1);
+    ROWS_DELETED.get().increment(rows);
 }
 
 #[derive(Clone)]
@@ -50,7 +53,7 @@ impl Cleanup {
         let started = Instant::now();
         match self.run().await {
             Ok(Swept::Deleted(rows)) => {
-                observe::cleanup_run(RunResult::Done, rows);
+                ran(RunResult::Done, rows);
                 tracing::info!(
                     rows,
                     elapsed_ms = started.elapsed().as_millis() as u64,
@@ -58,11 +61,11 @@ impl Cleanup {
                 )
             }
             Ok(Swept::Skipped) => {
-                observe::cleanup_run(RunResult::Skipped, 0);
+                ran(RunResult::Skipped, 0);
                 tracing::debug!("key cleanup already running elsewhere")
             }
             Err(error) => {
-                observe::cleanup_run(RunResult::Failed, 0);
+                ran(RunResult::Failed, 0);
                 tracing::warn!(error = %anyhow::Error::from(error), "key cleanup failed")
             }
         }

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::checkout::orders::Orders;
 use crate::checkout::CheckoutError;
 use crate::config::ReconcileSettings;
-use crate::observe;
+use crate::observe::{labels, Counter, Gauge, Metric};
 
 /// Orders claimed per run, and Payrail calls in flight at once.
 const BATCH: i64 = 100;
@@ -40,51 +40,48 @@ struct Due {
     give_up: bool,
 }
 
-/// How a run ended, as `reconcile_runs_total` counts it: `failed` when it
-/// could not even claim its batch (the database), whatever its orders did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunResult {
-    Done,
-    Failed,
-}
-
-impl RunResult {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [RunResult; 2] = [RunResult::Done, RunResult::Failed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunResult::Done => "done",
-            RunResult::Failed => "failed",
-        }
+labels! {
+    /// How a run ended: `failed` when it could not even claim its batch
+    /// (the database), whatever its orders did.
+    #[label = "result"]
+    enum RunResult {
+        Done = "done",
+        Failed = "failed",
     }
 }
 
-/// What became of one claimed order, as `reconcile_orders_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrderResult {
-    Settled,
-    /// Still no answer from Payrail (or no confirmation of its cancel):
-    /// tried again later.
-    Failed,
-    /// Canceled at Payrail and `failed`: Payrail never decided.
-    GaveUp,
+labels! {
+    /// What became of one claimed order.
+    #[label = "result"]
+    enum OrderResult {
+        Settled = "settled",
+        /// Still no answer from Payrail (or no confirmation of its cancel):
+        /// tried again later.
+        Failed = "failed",
+        /// Canceled at Payrail and `failed`: Payrail never decided.
+        GaveUp = "gave_up",
+    }
 }
 
-impl OrderResult {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [OrderResult; 3] = [
-        OrderResult::Settled,
-        OrderResult::Failed,
-        OrderResult::GaveUp,
-    ];
+const RUNS: Counter<RunResult> = Counter::new(
+    "reconcile_runs_total",
+    "Reconciliation runs by result (failed: the run could not claim its batch)",
+);
+const ORDERS: Counter<OrderResult> = Counter::new(
+    "reconcile_orders_total",
+    "Pending orders reconciliation tried, by result",
+);
+const PENDING: Gauge = Gauge::new(
+    "orders_pending",
+    "Orders in payment_pending at the last reconciliation run",
+);
+/// What reconciliation reports, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&RUNS, &ORDERS, &PENDING];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OrderResult::Settled => "settled",
-            OrderResult::Failed => "failed",
-            OrderResult::GaveUp => "gave_up",
-        }
+fn ran(result: RunResult, orders: &[OrderResult]) {
+    RUNS.of(result).increment(1);
+    for order in orders {
+        ORDERS.of(*order).increment(1);
     }
 }
 
@@ -119,11 +116,11 @@ impl Reconcile {
         let (due, pending) = match self.claim_due().await {
             Ok(claimed) => claimed,
             Err(error) => {
-                observe::reconcile_run(RunResult::Failed, &[]);
+                ran(RunResult::Failed, &[]);
                 return Err(error);
             }
         };
-        observe::orders_pending(pending);
+        PENDING.get().set(pending as f64);
         let results: Vec<OrderResult> = futures_util::stream::iter(due)
             .map(|due| self.settle_one(due))
             .buffer_unordered(CONCURRENCY)
@@ -135,7 +132,7 @@ impl Reconcile {
             failed: count(OrderResult::Failed),
             gave_up: count(OrderResult::GaveUp),
         };
-        observe::reconcile_run(RunResult::Done, &results);
+        ran(RunResult::Done, &results);
         Ok(report)
     }
 

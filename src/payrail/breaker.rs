@@ -18,6 +18,13 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::observe::Gauge;
+
+pub(super) const OPEN: Gauge = Gauge::new(
+    "payrail_breaker_open",
+    "1 while the Payrail circuit breaker is open, else 0",
+);
+
 #[derive(Debug)]
 pub struct Breaker {
     failures_to_open: u32,
@@ -95,7 +102,7 @@ impl Breaker {
         let mut state = self.lock();
         if matches!(*state, State::Open { .. }) {
             tracing::info!("payrail circuit breaker closed");
-            crate::observe::breaker_open(false);
+            OPEN.get().set(0.0);
         }
         *state = State::Closed { failed: Vec::new() };
     }
@@ -117,7 +124,7 @@ impl Breaker {
                     buyers = failed.len(),
                     "payrail circuit breaker opened"
                 );
-                crate::observe::breaker_open(true);
+                OPEN.get().set(1.0);
                 None
             }
             // A call let through before it opened: nothing new.

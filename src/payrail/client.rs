@@ -11,7 +11,8 @@ use uuid::Uuid;
 
 use super::Breaker;
 use crate::config::PayrailSettings;
-use crate::{observe, telemetry};
+use crate::observe::{labels, Counter, Histogram};
+use crate::telemetry;
 
 /// What Payrail is asked to charge. Serialized once per charge.
 #[derive(Debug, Clone, Serialize)]
@@ -60,36 +61,30 @@ enum Attempt {
     Refused(reqwest::StatusCode),
 }
 
-/// How one attempt ended, as `payrail_attempts_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    Succeeded,
-    Declined,
-    Timeout,
-    Error,
-    Refused,
-}
-
-impl AttemptOutcome {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [AttemptOutcome; 5] = [
-        AttemptOutcome::Succeeded,
-        AttemptOutcome::Declined,
-        AttemptOutcome::Timeout,
-        AttemptOutcome::Error,
-        AttemptOutcome::Refused,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Succeeded => "succeeded",
-            AttemptOutcome::Declined => "declined",
-            AttemptOutcome::Timeout => "timeout",
-            AttemptOutcome::Error => "error",
-            AttemptOutcome::Refused => "refused",
-        }
+labels! {
+    /// How one attempt ended.
+    #[label = "outcome"]
+    pub(super) enum AttemptOutcome {
+        Succeeded = "succeeded",
+        Declined = "declined",
+        Timeout = "timeout",
+        Error = "error",
+        Refused = "refused",
     }
 }
+
+pub(super) const ATTEMPTS: Counter<AttemptOutcome> = Counter::new(
+    "payrail_attempts_total",
+    "Payrail charge attempts by outcome",
+);
+pub(super) const ATTEMPT_DURATION: Histogram = Histogram::new(
+    "payrail_attempt_duration_seconds",
+    "Payrail charge attempt latency",
+);
+pub(super) const BREAKER_REJECTIONS: Counter = Counter::new(
+    "payrail_breaker_rejections_total",
+    "Charges refused by the open breaker",
+);
 
 impl Attempt {
     fn outcome(&self) -> AttemptOutcome {
@@ -194,7 +189,7 @@ impl Client {
         let mut timed_out = false;
         for attempt in 1..=self.max_attempts {
             if let Some(Err(retry_after)) = breaker.map(|(b, buyer)| b.allow(buyer)) {
-                observe::breaker_rejected();
+                BREAKER_REJECTIONS.get().increment(1);
                 return Err(PaymentError::Unavailable { retry_after });
             }
             match self.attempt(&key, &body).await {
@@ -267,7 +262,10 @@ impl Client {
     async fn attempt(&self, key: &str, body: &[u8]) -> Attempt {
         let started = std::time::Instant::now();
         let attempt = self.send(key, body).await;
-        observe::payrail_attempt(attempt.outcome(), started.elapsed().as_secs_f64());
+        ATTEMPTS.of(attempt.outcome()).increment(1);
+        ATTEMPT_DURATION
+            .get()
+            .record(started.elapsed().as_secs_f64());
         attempt
     }
 

@@ -7,6 +7,16 @@ mod breaker;
 mod client;
 mod webhook;
 
+use crate::observe::Metric;
+
 pub use breaker::Breaker;
-pub use client::{AttemptOutcome, Canceled, Charge, ChargeOutcome, Client, PaymentError};
+pub use client::{Canceled, Charge, ChargeOutcome, Client, PaymentError};
 pub use webhook::{Event, EventKind, SignatureError, Verifier};
+
+/// What the client and its breaker report, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[
+    &client::ATTEMPTS,
+    &client::ATTEMPT_DURATION,
+    &breaker::OPEN,
+    &client::BREAKER_REJECTIONS,
+];

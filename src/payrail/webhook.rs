@@ -15,6 +15,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::ChargeOutcome;
+use crate::observe::labels;
 
 /// Why an event is not believed. Each is answered 400
 /// `webhook-signature-invalid`, and nothing is written.
@@ -188,33 +189,16 @@ pub struct EventCharge {
     pub currency: String,
 }
 
-/// What an event is about, as the events metric labels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    Succeeded,
-    Declined,
-    /// A type this service does not act on.
-    Other,
-    /// Not believed: its signature failed, so its type is unknown.
-    Unverified,
-}
-
-impl EventKind {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [EventKind; 4] = [
-        EventKind::Succeeded,
-        EventKind::Declined,
-        EventKind::Other,
-        EventKind::Unverified,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Succeeded => "charge.succeeded",
-            EventKind::Declined => "charge.declined",
-            EventKind::Other => "other",
-            EventKind::Unverified => "unverified",
-        }
+labels! {
+    /// What an event is about, as the events metric labels it.
+    #[label = "type"]
+    pub enum EventKind {
+        Succeeded = "charge.succeeded",
+        Declined = "charge.declined",
+        /// A type this service does not act on.
+        Other = "other",
+        /// Not believed: its signature failed, so its type is unknown.
+        Unverified = "unverified",
     }
 }
 

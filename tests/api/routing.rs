@@ -20,7 +20,7 @@ use std::time::Duration;
 use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
 use idempotency::{store, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse};
-use stagedoor_checkout::checkout::holds::{self, Hold};
+use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
 use stagedoor_checkout::checkout::orders::{self, Click, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use tokio::sync::mpsc;
@@ -279,7 +279,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
             hold.hold_id.to_string().into_bytes(),
         )
     }
-    let policy = app.settings.holds.policy();
+    let policy = HoldPolicy::from(&app.settings.holds);
     let done = holds::place_claimed(&db.pool, &keyed, seats[0], policy, hold_answer)
         .await
         .expect("the keyed hold");

@@ -10,49 +10,28 @@ use uuid::Uuid;
 use super::settle::Settlement;
 use super::{load, Order, OrderStatus, Orders, COLUMNS};
 use crate::checkout::CheckoutError;
+use crate::observe::labels;
 use crate::payrail::{ChargeOutcome, Event};
 
-/// What became of one event, as `payrail_events_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventResult {
-    /// It settled its order.
-    Applied,
-    /// Its order was settled already, in agreement with it.
-    AlreadySettled,
-    /// The same event again (the engine's replay); nothing changed.
-    Duplicate,
-    /// No order of ours, or a type we do not act on.
-    Unknown,
-    /// Its charge contradicts how the order was settled; nothing changed.
-    Contradicting,
-    /// Its charge's amount or currency is not the order's; nothing changed.
-    Mismatched,
-    /// Not believed: missing, wrong or stale signature; nothing written.
-    BadSignature,
-}
-
-impl EventResult {
-    /// Every value, for the metric's series at zero (`observe`).
-    pub const ALL: [EventResult; 7] = [
-        EventResult::Applied,
-        EventResult::AlreadySettled,
-        EventResult::Duplicate,
-        EventResult::Unknown,
-        EventResult::Contradicting,
-        EventResult::Mismatched,
-        EventResult::BadSignature,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventResult::Applied => "applied",
-            EventResult::AlreadySettled => "already_settled",
-            EventResult::Duplicate => "duplicate",
-            EventResult::Unknown => "unknown",
-            EventResult::Contradicting => "contradicting",
-            EventResult::Mismatched => "mismatched",
-            EventResult::BadSignature => "bad_signature",
-        }
+labels! {
+    /// What became of one event: the answer to Payrail, and what the events
+    /// metric counts.
+    #[label = "result"]
+    pub enum EventResult {
+        /// It settled its order.
+        Applied = "applied",
+        /// Its order was settled already, in agreement with it.
+        AlreadySettled = "already_settled",
+        /// The same event again (the engine's replay); nothing changed.
+        Duplicate = "duplicate",
+        /// No order of ours, or a type we do not act on.
+        Unknown = "unknown",
+        /// Its charge contradicts how the order was settled; nothing changed.
+        Contradicting = "contradicting",
+        /// Its charge's amount or currency is not the order's; nothing changed.
+        Mismatched = "mismatched",
+        /// Not believed: missing, wrong or stale signature; nothing written.
+        BadSignature = "bad_signature",
     }
 }
 
