@@ -6,7 +6,6 @@ use uuid::Uuid;
 use super::problem::Problem;
 use super::{body, idempotent, AppState, Buyer};
 use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
-use crate::checkout::CheckoutError;
 
 /// The body of `POST /orders`, as parsed before the key is touched; what it
 /// asks for is checked once the key is claimed (an `invalid-order` answer is
@@ -70,24 +69,18 @@ pub async fn create(
     let orders = &state.orders;
     // An order that cannot be made is still the click's answer, stored on
     // its key: refused in the work, after the claim.
-    let (click, refusal) = match NewOrder::parse(hold_ids, &payment_method) {
-        Ok(request) => (Some(Click::new(request)), None),
-        Err(refusal) => (None, Some(refusal)),
-    };
-    let click = click.as_ref();
-    let opening = click.and_then(|click| orders.opening(buyer.0.as_str(), click));
+    let click = NewOrder::parse(hold_ids, &payment_method).map(Click::new);
+    let click = click.as_ref().map_err(|refusal| *refusal);
+    let opening = click
+        .ok()
+        .and_then(|click| orders.opening(buyer.0.as_str(), click));
     idempotent::run(
         &state,
         &buyer.0,
         key,
         (&req, &bytes),
         opening,
-        |claim| async move {
-            match (click, refusal) {
-                (Some(click), _) => orders.place(&claim, click).await,
-                (None, refusal) => Err(refusal.unwrap_or(CheckoutError::InvalidOrder("no order"))),
-            }
-        },
+        |claim| async move { orders.place(&claim, click?).await },
     )
     .await
 }

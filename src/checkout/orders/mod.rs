@@ -73,26 +73,31 @@ pub struct NewOrder {
     payment_method: PaymentMethod,
 }
 
+/// A well-formed order request that asks for the impossible: answered
+/// `invalid-order`, and stored on the click's key like any answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidOrder(pub &'static str);
+
+impl From<InvalidOrder> for CheckoutError {
+    fn from(InvalidOrder(why): InvalidOrder) -> Self {
+        CheckoutError::InvalidOrder(why)
+    }
+}
+
 impl NewOrder {
-    /// `invalid-order` for a well-formed request that asks for the impossible.
-    pub fn parse(hold_ids: Vec<i64>, payment_method: &str) -> Result<Self, CheckoutError> {
+    pub fn parse(hold_ids: Vec<i64>, payment_method: &str) -> Result<Self, InvalidOrder> {
         if hold_ids.is_empty() {
-            return Err(CheckoutError::InvalidOrder(
-                "hold_ids must name at least one hold",
-            ));
+            return Err(InvalidOrder("hold_ids must name at least one hold"));
         }
         if hold_ids.len() > MAX_HOLDS {
-            return Err(CheckoutError::InvalidOrder(
-                "hold_ids may name at most 50 holds",
-            ));
+            return Err(InvalidOrder("hold_ids may name at most 50 holds"));
         }
         let mut sorted = hold_ids.clone();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.len() != hold_ids.len() {
-            return Err(CheckoutError::InvalidOrder(
-                "hold_ids names a hold more than once",
-            ));
+            return Err(InvalidOrder("hold_ids names a hold more than once"));
         }
         Ok(Self {
             hold_ids,
@@ -240,10 +245,7 @@ mod tests {
         ];
         for (holds, method, why) in cases {
             assert!(
-                matches!(
-                    NewOrder::parse(holds, method),
-                    Err(CheckoutError::InvalidOrder(_))
-                ),
+                matches!(NewOrder::parse(holds, method), Err(InvalidOrder(_))),
                 "{why}"
             );
         }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
-use crate::checkout::CheckoutError;
+use super::InvalidOrder;
 
 /// Where an order is on its way to an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -71,13 +71,13 @@ impl ToSql for OrderStatus {
 pub struct PaymentMethod(String);
 
 impl PaymentMethod {
-    pub fn parse(raw: &str) -> Result<Self, CheckoutError> {
+    pub fn parse(raw: &str) -> Result<Self, InvalidOrder> {
         let valid = raw.len() <= 64
             && raw.strip_prefix("pm_").is_some_and(|rest| {
                 !rest.is_empty() && rest.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
             });
         if !valid {
-            return Err(CheckoutError::InvalidOrder(
+            return Err(InvalidOrder(
                 "payment_method must look like pm_… (letters, digits, '_'; at most 64)",
             ));
         }
