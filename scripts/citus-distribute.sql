@@ -18,6 +18,8 @@
 -- coordinator and the worker with two-phase commit, all or nothing
 -- (docs/PERFORMANCE.md, "Past one PostgreSQL").
 DO $$
+DECLARE
+    claim_function text;
 BEGIN
     -- One connection per worker for all of it: Citus refuses a local
     -- table's takeover after the parallel shard creation of the tables
@@ -30,30 +32,23 @@ BEGIN
         PERFORM create_distributed_table('idempotency_keys', 'user_id', colocate_with => 'orders');
     END IF;
     -- The claim (the engine's V3) runs whole on the worker that holds the
-    -- buyer's shard: its first argument is the key's `user_id`.
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
-                   WHERE objid = 'idempotency_claim(text,text,bytea,bigint,float8,float8)'::regprocedure
-                     AND distribution_argument_index IS NOT NULL) THEN
-        PERFORM create_distributed_function('idempotency_claim(text,text,bytea,bigint,float8,float8)',
-                                            '$1', colocate_with => 'idempotency_keys');
-    END IF;
-    -- What the claim calls on that worker (the engine's V5): the insert and
-    -- read it shares with a step's opening, and the fence of a claim won
-    -- by its token. A step that opens the claim (checkout_place_order)
-    -- calls them from the coordinator, where each statement goes to the
-    -- worker of its rows.
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
-                   WHERE objid = 'idempotency_open(text,text,bytea,bigint,float8,float8)'::regprocedure
-                     AND distribution_argument_index IS NOT NULL) THEN
-        PERFORM create_distributed_function('idempotency_open(text,text,bytea,bigint,float8,float8)',
-                                            '$1', colocate_with => 'idempotency_keys');
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_object
-                   WHERE objid = 'idempotency_lock_claim(text,text,bigint)'::regprocedure
-                     AND distribution_argument_index IS NOT NULL) THEN
-        PERFORM create_distributed_function('idempotency_lock_claim(text,text,bigint)',
-                                            '$1', colocate_with => 'idempotency_keys');
-    END IF;
+    -- buyer's shard: its first argument is the key's `user_id`. So do what
+    -- it calls there (the engine's V5): the insert and read it shares with
+    -- a step's opening, and the fence of a claim won by its token. A step
+    -- that opens the claim (checkout_place_order) calls them from the
+    -- coordinator, where each statement goes to the worker of its rows.
+    FOREACH claim_function IN ARRAY ARRAY[
+        'idempotency_claim(text,text,bytea,bigint,float8,float8)',
+        'idempotency_open(text,text,bytea,bigint,float8,float8)',
+        'idempotency_lock_claim(text,text,bigint)'
+    ] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_object
+                       WHERE objid = claim_function::regprocedure
+                         AND distribution_argument_index IS NOT NULL) THEN
+            PERFORM create_distributed_function(claim_function::regprocedure, '$1',
+                                                colocate_with => 'idempotency_keys');
+        END IF;
+    END LOOP;
     -- The seat side, with seats and events by their foreign keys.
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN
         PERFORM citus_add_local_table_to_metadata('holds', cascade_via_foreign_keys => true);
