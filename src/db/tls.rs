@@ -216,6 +216,19 @@ struct Verifier {
     algorithms: WebPkiSupportedAlgorithms,
 }
 
+impl Verifier {
+    /// A handshake signature, checked only with the chain (see above).
+    fn signature(
+        &self,
+        verify: impl FnOnce() -> Result<HandshakeSignatureValid, rustls::Error>,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        match self.chain {
+            Some(_) => verify(),
+            None => Ok(HandshakeSignatureValid::assertion()),
+        }
+    }
+}
+
 impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
@@ -244,10 +257,7 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        if self.chain.is_none() {
-            return Ok(HandshakeSignatureValid::assertion());
-        }
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
+        self.signature(|| verify_tls12_signature(message, cert, dss, &self.algorithms))
     }
 
     fn verify_tls13_signature(
@@ -256,10 +266,7 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        if self.chain.is_none() {
-            return Ok(HandshakeSignatureValid::assertion());
-        }
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
+        self.signature(|| verify_tls13_signature(message, cert, dss, &self.algorithms))
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

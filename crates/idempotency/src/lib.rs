@@ -163,7 +163,7 @@ pub use limit::Limit;
 pub use migrate::{migrate, HISTORY_TABLE};
 pub use reply::{Outcome, Ran, Reply, RunError};
 pub use response::StoredResponse;
-pub use statement::{Opening, Storing};
+pub use statement::{Opening, OpeningStep, Storing};
 pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
 pub use wait::WaitOutcome;

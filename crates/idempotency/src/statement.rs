@@ -34,21 +34,35 @@ use crate::{Claim, Error, Fence, StoredResponse};
 /// won another way (a key past its TTL, a takeover before any link) runs
 /// the same call from the work ([`Claim::open`]), where `idempotency_open`
 /// finds the row already its token's.
+///
+/// The call is written once, in an [`OpeningStep`] (a `static`), and each
+/// request gives it its own arguments ([`OpeningStep::with`]).
 pub struct Opening {
-    call: String,
+    call: &'static str,
     params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+/// The function of an [`Opening`] and how many arguments of its own it
+/// takes: its call, written once.
+pub struct OpeningStep(String);
+
+impl OpeningStep {
+    pub fn new(function: &str, params: usize) -> Self {
+        Self(call(function, Opening::CLAIM_PARAMS + params))
+    }
+
+    /// The step with one request's own arguments, as many as it takes.
+    pub fn with(&'static self, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Opening {
+        Opening {
+            call: &self.0,
+            params,
+        }
+    }
 }
 
 impl Opening {
     /// The claim's arguments, before the step's own.
     const CLAIM_PARAMS: usize = 6;
-
-    pub fn new(function: &str, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Self {
-        Self {
-            call: call(function, Self::CLAIM_PARAMS + params.len()),
-            params,
-        }
-    }
 
     /// The call, with the claim's arguments first.
     pub(crate) async fn run(
@@ -56,7 +70,7 @@ impl Opening {
         client: &impl GenericClient,
         claim: [&(dyn ToSql + Sync); Self::CLAIM_PARAMS],
     ) -> Result<Row, Error> {
-        let statement = client.prepare_cached(&self.call).await?;
+        let statement = client.prepare_cached(self.call).await?;
         let params: Vec<&(dyn ToSql + Sync)> = claim
             .into_iter()
             .chain(

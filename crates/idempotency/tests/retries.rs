@@ -5,13 +5,13 @@
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, Opening, Policy,
+    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, OpeningStep, Policy,
     Reply, RequestHash, Settling, StoredResponse,
 };
 use test_support::db::TestDatabase;
@@ -104,7 +104,8 @@ impl Toy {
     /// Makes a pending effect and links it to the key, in one call.
     async fn link_pending(&self, claim: &Claim) -> i64 {
         let id = rand_id();
-        let opening = Opening::new("link_pending", vec![Box::new(id)]);
+        static LINK: LazyLock<OpeningStep> = LazyLock::new(|| OpeningStep::new("link_pending", 1));
+        let opening = LINK.with(vec![Box::new(id)]);
         let client = self.pool.get().await.unwrap();
         let (fence, _) = claim.open(&client, &opening).await.unwrap();
         assert_eq!(fence, idempotency::Fence::Held);

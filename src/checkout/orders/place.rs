@@ -7,7 +7,9 @@
 //! the holds stay on the coordinator and the order and its key go to the
 //! buyer's worker, with each commit on those two nodes alone.
 
-use idempotency::{Claim, Done, Fence, Opening};
+use std::sync::LazyLock;
+
+use idempotency::{Claim, Done, Fence, Opening, OpeningStep};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -25,16 +27,16 @@ pub struct Click {
 
 impl Click {
     pub fn new(request: NewOrder) -> Self {
+        // $7 order_id, $8 hold_ids, $9 currency, $10 payment_method.
+        static PLACE: LazyLock<OpeningStep> =
+            LazyLock::new(|| OpeningStep::new("checkout_place_order", 4));
         let order_id = Uuid::new_v4();
-        let opening = Opening::new(
-            "checkout_place_order",
-            vec![
-                Box::new(order_id),
-                Box::new(request.hold_ids.clone()),
-                Box::new(CURRENCY),
-                Box::new(request.payment_method.as_str().to_owned()),
-            ],
-        );
+        let opening = PLACE.with(vec![
+            Box::new(order_id),
+            Box::new(request.hold_ids.clone()),
+            Box::new(CURRENCY),
+            Box::new(request.payment_method.as_str().to_owned()),
+        ]);
         Self {
             order_id,
             request,
