@@ -385,7 +385,7 @@ pub async fn replay(bench: &mut Bench, app: &RunningApp) {
         (bare_stats, replay_stats)
     };
     let (bare_stats, replay_stats) = beside(BareQuery::Select, "bare SELECT", &app.url).await;
-    let (claim_stats, replay_again) = beside(BareQuery::Claim, "bare store::begin", &app.url).await;
+    let (claim_stats, replay_again) = beside(BareQuery::Claim, "bare claim", &app.url).await;
     // The same replay on an instance without the answer cache: every replay
     // is the key statement's round trip to PostgreSQL.
     println!("  the same on an instance with idempotency.answer_cache_mb = 0:");

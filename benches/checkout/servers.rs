@@ -12,7 +12,7 @@ use actix_web::dev::{ServerHandle, ServiceFactory, ServiceRequest, ServiceRespon
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use deadpool_postgres::Pool;
-use idempotency::{store, Begin, IdempotencyKey, Policy, RequestHash};
+use idempotency::{Done, Engine, IdempotencyKey, Policy, Reply, RequestHash};
 use secrecy::SecretString;
 use serde::Deserialize;
 use stagedoor_checkout::config::{LockMode, Settings};
@@ -105,9 +105,10 @@ pub enum BareQuery {
     /// One prepared, indexed SELECT of the stored answer: the ceiling for a
     /// one-query request on this stack.
     Select,
-    /// The replay's own statement, `idempotency::store::begin`: the same
-    /// lookup, but inside an `INSERT … ON CONFLICT`, so that PostgreSQL runs
-    /// a data-modifying statement even when the row is there.
+    /// The replay's own statement, the claim, through an engine with no
+    /// answer cache: the same lookup, but inside an `INSERT … ON CONFLICT`,
+    /// so that PostgreSQL runs a data-modifying statement even when the
+    /// row is there.
     Claim,
 }
 
@@ -128,7 +129,8 @@ pub fn bare(settings: &Settings, query: BareQuery, replayed: Replayed) -> Plain 
         ttl: settings.idempotency.ttl(),
         lease: settings.idempotency.lease(),
     };
-    let state = web::Data::new((pool, query, replayed, policy));
+    let engine = Engine::new(pool.clone(), policy);
+    let state = web::Data::new((pool, query, replayed, engine));
     serve(settings, move || {
         App::new()
             .app_data(state.clone())
@@ -162,14 +164,14 @@ where
     Plain { url, handle }
 }
 
-async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Policy)>) -> HttpResponse {
-    let (pool, query, replayed, policy) = state.get_ref();
-    let Ok(client) = pool.get().await else {
-        return HttpResponse::ServiceUnavailable().finish();
-    };
+async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Engine)>) -> HttpResponse {
+    let (pool, query, replayed, engine) = state.get_ref();
     let (user_id, key) = (replayed.user_id.as_str(), &replayed.key);
     let body = match query {
         BareQuery::Select => {
+            let Ok(client) = pool.get().await else {
+                return HttpResponse::ServiceUnavailable().finish();
+            };
             let statement = client
                 .prepare_cached(
                     "SELECT response_status, response_body FROM idempotency_keys
@@ -187,8 +189,13 @@ async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Policy)>) -> H
             }
         }
         BareQuery::Claim => {
-            match store::begin(&client, *policy, user_id, key, &replayed.hash).await {
-                Ok(Begin::Replay(response)) => Some(response.body),
+            // An answered key: the work never runs.
+            let never = |_| async { Err::<Done, ()>(()) };
+            let ran = engine
+                .run(user_id, key, &replayed.hash, None, Duration::ZERO, never)
+                .await;
+            match ran.map(|ran| ran.reply) {
+                Ok(Reply::Replay(response)) => Some(response.body),
                 _ => None,
             }
         }

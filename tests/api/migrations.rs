@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use idempotency::store;
-use idempotency::{Begin, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use idempotency::{Engine, IdempotencyKey, Policy, Reply, RequestHash, StoredResponse};
+use test_support::paused::Paused;
 use uuid::Uuid;
 
 use crate::helpers::{self, TestDatabase};
@@ -80,22 +80,23 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
     // writes as functions; its V5 lets a step open the claim.
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 5);
 
-    let pool = helpers::pool(&db.url);
-    let pooled = pool.get().await.unwrap();
-    let policy = Policy {
-        ttl: Duration::from_secs(86_400),
-        lease: Duration::from_secs(30),
-    };
+    let engine = Engine::new(
+        helpers::pool(&db.url),
+        Policy {
+            ttl: Duration::from_secs(86_400),
+            lease: Duration::from_secs(30),
+        },
+    );
     let begin = |key: &'static str| {
-        let (pooled, hash) = (&pooled, &hash);
+        let (engine, hash) = (&engine, &hash);
         async move {
             let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
-            store::begin(pooled, policy, "alice", &key, hash)
+            Paused::start(engine, "alice", &key, hash)
                 .await
-                .unwrap()
+                .map(Paused::crash)
         }
     };
-    let Begin::Replay(answer) = begin("paid").await else {
+    let Err(Reply::Replay(answer)) = begin("paid").await else {
         panic!("the paid order's answer is kept");
     };
     assert_eq!(
@@ -103,21 +104,21 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
         StoredResponse::new(201, "application/json", b"order".to_vec())
             .with_location(format!("/orders/{paid}"))
     );
-    let Begin::Replay(answer) = begin("declined").await else {
+    let Err(Reply::Replay(answer)) = begin("declined").await else {
         panic!("the declined order's answer is kept");
     };
     assert_eq!(
         answer,
         StoredResponse::new(402, "application/problem+json", b"problem".to_vec())
     );
-    let Begin::Replay(answer) = begin("hold").await else {
+    let Err(Reply::Replay(answer)) = begin("hold").await else {
         panic!("the hold's answer is kept");
     };
     assert_eq!(
         answer,
         StoredResponse::new(201, "application/json", b"hold".to_vec())
     );
-    assert!(matches!(begin("busy").await, Begin::InProgress));
+    assert!(matches!(begin("busy").await, Err(Reply::InProgress)));
     let links: i64 = client
         .query_one(
             "SELECT count(*) FROM idempotency_keys WHERE key = 'paid' AND effect = $1",

@@ -19,10 +19,14 @@ use std::time::Duration;
 
 use deadpool_postgres::{Connect, Manager, ManagerConfig, Pool};
 use futures_util::future::BoxFuture;
-use idempotency::{store, IdempotencyKey, Layout, Policy, RequestHash, StoredResponse};
+use idempotency::{
+    Engine, Gate, IdempotencyKey, Layout, Policy, Reply, RequestHash, StoredResponse,
+};
+use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
 use stagedoor_checkout::checkout::orders::{self, Click, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
+use test_support::paused::Paused;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -197,30 +201,42 @@ const POLICY: Policy = Policy {
 
 #[tokio::test]
 async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
-    let Some((_app, mut db, worker)) = watching_alice().await else {
+    let Some((app, mut db, worker)) = watching_alice().await else {
         return;
     };
     let key = IdempotencyKey::parse(new_key().as_bytes()).expect("a key");
     let hash = RequestHash::of("POST", "/orders", b"{}");
 
-    let first = store::begin(&db.client, POLICY, "alice", &key, &hash)
-        .await
-        .expect("claim");
-    assert!(matches!(first, store::Begin::Claimed(_)));
+    let engine = Engine::new(db.pool.clone(), POLICY);
+    let first = Paused::start(&engine, "alice", &key, &hash).await;
+    assert!(first.is_ok(), "claimed");
+    drop(first);
     assert_routed("the claim", &db.sent(), &worker, "idempotency_claim(");
 
     // The same click again: the same call, which now reads the row it lost to.
-    let again = store::begin(&db.client, POLICY, "alice", &key, &hash)
-        .await
-        .expect("claim again");
-    assert!(matches!(again, store::Begin::InProgress));
+    let again = Paused::start(&engine, "alice", &key, &hash).await;
+    assert!(matches!(again, Err(Reply::InProgress)));
     assert_routed("the claim again", &db.sent(), &worker, "idempotency_claim(");
 
-    // The key's read without a claim (a request the Redis gate turned away).
-    let (seen, _) = store::look(&db.client, POLICY, "alice", &key, &hash)
+    // The key's read without a claim: a request the Redis gate turned away
+    // (another request holds the key's lock).
+    let redis_url = app.settings.redis.url.expose_secret();
+    let gated = engine.with_gate(Gate::redis(redis_url).await.expect("the Redis gate"));
+    let mut redis = redis::Client::open(redis_url)
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
         .await
-        .expect("read");
-    assert!(matches!(seen, store::Begin::InProgress));
+        .expect("Redis");
+    let _: () = redis::cmd("SET")
+        .arg(format!("idem:alice:{}", key.as_str()))
+        .arg("another")
+        .arg("EX")
+        .arg(30)
+        .query_async(&mut redis)
+        .await
+        .expect("the lock");
+    let seen = Paused::start(&gated, "alice", &key, &hash).await;
+    assert!(matches!(seen, Err(Reply::InProgress)));
     assert_routed("the key's read", &db.sent(), &worker, "idempotency_keys");
 }
 
@@ -270,7 +286,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     };
     let seats = app.seed("routed", 2, 4_500).await;
     // A keyed hold: the hold on the coordinator, its answer on the key.
-    let keyed = claim(&db.client).await;
+    let keyed = claim(&db.pool).await;
     db.sent();
     fn hold_answer(hold: &Hold) -> StoredResponse {
         StoredResponse::new(
@@ -301,7 +317,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         Arc::new(payrail),
         stagedoor_checkout::http::order_answer,
     );
-    let paying = claim(&db.client).await;
+    let paying = claim(&db.pool).await;
     db.sent();
     let order = Click::new(NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"));
     let done = orders.place(&paying, &order).await.expect("the order");
@@ -346,15 +362,12 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     );
 }
 
-/// A claim of a new key of alice's.
-async fn claim(client: &deadpool_postgres::Object) -> idempotency::Claim {
+/// A claim of a new key of alice's, by a request that then stopped.
+async fn claim(pool: &Pool) -> idempotency::Claim {
     let key = IdempotencyKey::parse(new_key().as_bytes()).expect("a key");
     let hash = RequestHash::of("POST", "/x", b"{}");
-    match store::begin(client, POLICY, "alice", &key, &hash)
-        .await
-        .expect("claim")
-    {
-        store::Begin::Claimed(claim) => claim,
-        other => panic!("a new key is claimed, not {other:?}"),
+    match Paused::start(&Engine::new(pool.clone(), POLICY), "alice", &key, &hash).await {
+        Ok(paused) => paused.crash(),
+        Err(other) => panic!("a new key is claimed, not {other:?}"),
     }
 }

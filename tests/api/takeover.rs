@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use idempotency::store;
-use idempotency::{Begin, Done, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::{Click, NewOrder, Orders};
 use stagedoor_checkout::{http, payrail};
+use test_support::paused::{Failed, Paused};
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
 use crate::invariants::assert_invariants;
@@ -111,29 +111,37 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let request = Click::new(NewOrder::parse(vec![hold], "pm_card_visa").unwrap());
     let mut client = pool.get().await.unwrap();
 
-    let Begin::Claimed(paused) = store::begin(&client, policy, "alice", &key, &hash)
-        .await
-        .unwrap()
-    else {
+    let engine = Engine::new(pool.clone(), policy);
+    let Ok(paused) = Paused::start(&engine, "alice", &key, &hash).await else {
         panic!("first claim");
     };
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let Begin::Claimed(taker) = store::begin(&client, policy, "alice", &key, &hash)
+    let Ok(taker) = Paused::start(&engine, "alice", &key, &hash)
         .await
-        .unwrap()
+        .map(Paused::crash)
     else {
         panic!("takeover after the lease");
     };
 
     // The paused request wakes up: its writes are fenced off.
-    let fenced = orders.place(&paused, &request).await.unwrap();
+    let fenced = orders.place(&paused.claim, &request).await.unwrap();
     assert!(matches!(fenced, Done::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
     let stale = StoredResponse::new(200, "text/plain", b"stale".to_vec());
-    let unit = paused.unit(&mut client).await.unwrap();
+    let unit = paused.claim.unit(&mut client).await.unwrap();
     assert_eq!(unit.store(&stale).await.unwrap(), Fence::Lost);
     unit.rollback().await.unwrap();
-    assert!(!store::release(&client, &paused).await.unwrap());
+    // Its work fails: the key it no longer holds is not given back.
+    assert!(paused.resume(Err(Failed)).await.is_err());
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM idempotency_keys WHERE user_id = 'alice' AND key = $1",
+            &[&key.as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "the taker's key stays");
 
     // The taker does the work once.
     let done = orders.place(&taker, &request).await.unwrap();

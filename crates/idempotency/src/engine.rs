@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::cache::{Asked, Cached};
 use crate::claim::{Claim, Done, Policy};
+use crate::claiming::Claiming;
 use crate::reply::{Outcome, Ran, Reply, RunError};
 use crate::store::{self, Begin, Found};
 use crate::unit::{self, Fence};
@@ -35,6 +36,7 @@ pub struct Engine {
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
     pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
     pub(crate) waiters: Waiters,
+    claiming: Claiming,
     cache: Option<AnswerCache>,
 }
 
@@ -49,6 +51,7 @@ impl Engine {
             observe: Arc::new(|_| {}),
             observe_wait: Arc::new(|_, _| {}),
             waiters: Waiters::default(),
+            claiming: Claiming::default(),
             cache: None,
         }
     }
@@ -182,6 +185,11 @@ impl Engine {
             },
             None => None,
         };
+        // A copy of a request whose claim this process is making: in
+        // progress, without a statement (see `claiming`).
+        if self.claiming.holds(user_id, key, hash) {
+            return Ok(Decision::of(Begin::InProgress));
+        }
         let learned = |begun: Begin, gate: Option<i64>, life: Duration| {
             if let (Some(cache), Some(asked), Begin::Replay(response)) =
                 (&self.cache, asked, &begun)
@@ -258,6 +266,7 @@ impl Engine {
                 hash,
                 token,
             };
+            let _claiming = self.claiming.mark(user_id, key, hash);
             store::claim(&client, self.policy, self.settling, asked, opening).await
         } else {
             store::look(&client, self.policy, user_id, key, hash).await
@@ -318,24 +327,6 @@ impl Engine {
             self.waiters.wake(&claim.user_id, &claim.key);
         }
         answer
-    }
-
-    /// Claims or reads the key, without any work: what `run` starts with.
-    pub async fn begin(
-        &self,
-        user_id: &str,
-        key: &IdempotencyKey,
-        hash: &RequestHash,
-    ) -> Result<Begin, Error> {
-        let client = self.pool.get().await?;
-        let asked = store::Ask {
-            user_id,
-            key,
-            hash,
-            token: store::new_token(),
-        };
-        let (begun, _) = store::claim(&client, self.policy, self.settling, asked, None).await?;
-        Ok(begun)
     }
 
     async fn store<E>(

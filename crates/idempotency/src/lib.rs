@@ -132,6 +132,7 @@
 pub mod actix;
 mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
 mod claim; // the right to do an intent's work, and how the work ends
+mod claiming; // the keys this process is claiming right now
 pub mod cleanup; // batched deletion of expired keys
 mod engine; // the engine and the flow of a keyed request
 mod error;
@@ -145,7 +146,7 @@ mod migrate; // the key table's own migrations
 mod reply; // what a request is answered, and what its key decided
 mod response; // what is stored and replayed
 mod statement; // steps of one call
-pub mod store; // the key table's claim, its reader and its takeovers
+mod store; // the key table's claim, its reader and its takeovers
 mod unit; // the atomic step: effect and key state in one transaction
 mod wait; // the waiters of keys in progress
 
@@ -164,7 +165,6 @@ pub use migrate::{migrate, HISTORY_TABLE};
 pub use reply::{Outcome, Ran, Reply, RunError};
 pub use response::StoredResponse;
 pub use statement::{Opening, OpeningStep, Storing};
-pub use store::Begin;
 pub use unit::{store_for_effect, Committed, Fence, Unit};
 pub use wait::WaitOutcome;
 

@@ -22,7 +22,7 @@ use crate::{
 
 /// What the key row says about a request.
 #[derive(Debug)]
-pub enum Begin {
+pub(crate) enum Begin {
     /// This request does the work.
     Claimed(Claim),
     /// The intent has an answer: give it again.
@@ -136,25 +136,6 @@ pub(crate) async fn claim(
     Ok((Begin::InProgress, Duration::ZERO))
 }
 
-/// Claims the key for this request with a new token, or says why not.
-/// Call it outside any transaction: it turns off the synchronous commit of
-/// the one it runs in.
-pub async fn begin(
-    client: &impl GenericClient,
-    policy: Policy,
-    user_id: &str,
-    key: &IdempotencyKey,
-    hash: &RequestHash,
-) -> Result<Begin, Error> {
-    let asked = Ask {
-        user_id,
-        key,
-        hash,
-        token: new_token(),
-    };
-    Ok(claim(client, policy, Settling::NEVER, asked, None).await?.0)
-}
-
 /// What a key row says to a request, before any claim.
 pub(crate) enum Found {
     /// No live row (none, or one past its TTL): the request would be a new
@@ -189,7 +170,7 @@ pub(crate) async fn find(
 /// What the key row says to a request that does not claim it (turned away
 /// by the gate, or fenced off by a takeover): a row that is missing,
 /// expired or abandoned belongs to whoever holds the intent now.
-pub async fn look(
+pub(crate) async fn look(
     client: &impl GenericClient,
     policy: Policy,
     user_id: &str,
@@ -207,7 +188,7 @@ pub async fn look(
 /// Gives the key back after a failure that left nothing durable behind (no
 /// effect linked), so that a retry starts afresh. Once an effect is linked
 /// the row stays in progress until that effect has an outcome.
-pub async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool, Error> {
+pub(crate) async fn release(client: &impl GenericClient, claim: &Claim) -> Result<bool, Error> {
     let statement = client
         .prepare_cached(
             "DELETE FROM idempotency_keys

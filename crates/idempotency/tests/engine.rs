@@ -8,10 +8,11 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Begin, Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening,
-    OpeningStep, Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
+    Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening, OpeningStep,
+    Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
 };
 use test_support::db::TestDatabase;
+use test_support::paused::Paused;
 use tokio::sync::Barrier;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -228,26 +229,24 @@ async fn the_claims_function_decides_every_case() {
             let (engine, barrier) = (engine.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                engine
-                    .begin("alice", &key("storm"), &hash("{}"))
+                Paused::start(&engine, "alice", &key("storm"), &hash("{}"))
                     .await
-                    .unwrap()
+                    .map(Paused::crash)
             })
         })
         .collect();
     let mut claimed = Vec::new();
     for task in storm {
-        if let Begin::Claimed(claim) = task.await.unwrap() {
+        if let Ok(claim) = task.await.unwrap() {
             claimed.push(claim);
         }
     }
     assert_eq!(claimed.len(), 1, "one claim of 16 duplicates");
 
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let Begin::Claimed(taker) = engine
-        .begin("alice", &key("storm"), &hash("{}"))
+    let Ok(taker) = Paused::start(&engine, "alice", &key("storm"), &hash("{}"))
         .await
-        .unwrap()
+        .map(Paused::crash)
     else {
         panic!("a takeover after the lease");
     };
@@ -255,7 +254,9 @@ async fn the_claims_function_decides_every_case() {
     assert!(matches!(toy.bump(&claimed[0]).await.unwrap(), Done::Fenced));
 
     let short = toy.engine(Duration::from_secs(30), Duration::from_secs(1));
-    let Begin::Claimed(expired) = short.begin("alice", &k, &hash("{\"y\":2}")).await.unwrap()
+    let Ok(expired) = Paused::start(&short, "alice", &k, &hash("{\"y\":2}"))
+        .await
+        .map(Paused::crash)
     else {
         panic!("a key past its TTL is a new intent");
     };
@@ -268,11 +269,17 @@ async fn a_claim_that_lost_its_lease_commits_nothing_and_the_taker_does_the_work
     let toy = &toy().await;
     let engine = toy.engine(Duration::from_secs(1), DAY);
     let (k, h) = (key("paused"), hash("{}"));
-    let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(paused) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("first claim");
     };
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(taker) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a takeover after the lease");
     };
     assert_eq!(taker.kind, ClaimKind::Abandoned);
@@ -283,8 +290,10 @@ async fn a_claim_that_lost_its_lease_commits_nothing_and_the_taker_does_the_work
     assert!(matches!(toy.bump(&taker).await.unwrap(), Done::Stored(_)));
     assert_eq!(toy.bumps().await, 1);
     assert!(matches!(
-        engine.begin("alice", &k, &h).await.unwrap(),
-        Begin::Replay(_)
+        Paused::start(&engine, "alice", &k, &h)
+            .await
+            .map(Paused::crash),
+        Err(Reply::Replay(_))
     ));
 }
 
@@ -293,7 +302,10 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     let toy = &toy().await;
     let engine = toy.engine(Duration::from_secs(1), DAY);
     let (k, h) = (key("settling"), hash("{}"));
-    let Begin::Claimed(crashed) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(crashed) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("first claim");
     };
     {
@@ -309,11 +321,16 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     }
     // ...and the request dies here, before the effect settled.
     assert!(matches!(
-        engine.begin("alice", &k, &h).await.unwrap(),
-        Begin::InProgress
+        Paused::start(&engine, "alice", &k, &h)
+            .await
+            .map(Paused::crash),
+        Err(Reply::InProgress)
     ));
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(taker) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a takeover after the lease");
     };
     assert_eq!(taker.effect.as_deref(), Some("effect-7"));
@@ -332,8 +349,8 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     .await
     .unwrap());
     assert!(matches!(
-        engine.begin("alice", &k, &h).await.unwrap(),
-        Begin::Replay(ref replay) if *replay == answer
+        Paused::start(&engine, "alice", &k, &h).await.map(Paused::crash),
+        Err(Reply::Replay(ref replay)) if *replay == answer
     ));
 }
 
@@ -379,8 +396,10 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
         .map(|ran| ran.reply);
     assert!(failed.is_err());
     assert!(matches!(
-        engine.begin("alice", &k, &h).await.unwrap(),
-        Begin::InProgress
+        Paused::start(&engine, "alice", &k, &h)
+            .await
+            .map(Paused::crash),
+        Err(Reply::InProgress)
     ));
 }
 
@@ -429,11 +448,10 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
     assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(0));
     assert!(
         matches!(
-            engine
-                .begin("alice", &key("old-0"), &hash("{\"another\":true}"))
+            Paused::start(&engine, "alice", &key("old-0"), &hash("{\"another\":true}"))
                 .await
-                .unwrap(),
-            Begin::Replay(_)
+                .map(Paused::crash),
+            Err(Reply::Replay(_))
         ),
         "the key restarted a moment ago survives"
     );
@@ -550,12 +568,18 @@ async fn steps_of_one_call_are_fenced_by_the_claim() {
     let (bump, settle) = one_call_steps(toy).await;
     let engine = toy.engine(Duration::from_secs(1), DAY);
     let (k, h) = (key("one-call"), hash("{}"));
-    let Begin::Claimed(paused) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(paused) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("first claim");
     };
     assert!(paused.opened().is_none(), "no opening was given");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let Begin::Claimed(taker) = engine.begin("alice", &k, &h).await.unwrap() else {
+    let Ok(taker) = Paused::start(&engine, "alice", &k, &h)
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a takeover after the lease");
     };
     let client = toy.pool.get().await.unwrap();
@@ -593,8 +617,8 @@ async fn steps_of_one_call_are_fenced_by_the_claim() {
         .unwrap();
     assert_eq!(fence, Fence::Held);
     assert!(matches!(
-        engine.begin("alice", &k, &h).await.unwrap(),
-        Begin::Replay(ref replay) if *replay == answer
+        Paused::start(&engine, "alice", &k, &h).await.map(Paused::crash),
+        Err(Reply::Replay(ref replay)) if *replay == answer
     ));
 }
 

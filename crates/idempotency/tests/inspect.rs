@@ -9,10 +9,11 @@ use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::inspect::{self, KeyState, Purge, PurgeRefusal, Rearms, Settling};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
+    Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
     StoredResponse,
 };
 use test_support::db::TestDatabase;
+use test_support::paused::Paused;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const LEASE: Duration = Duration::from_secs(30);
@@ -84,13 +85,11 @@ impl Toy {
 
     /// A click whose request holds its key right now.
     async fn claimed(&self, ttl: Duration, user: &str, k: &str) -> Claim {
-        match self
-            .engine(ttl)
-            .begin(user, &key(k), &hash())
+        match Paused::start(&self.engine(ttl), user, &key(k), &hash())
             .await
-            .unwrap()
+            .map(Paused::crash)
         {
-            Begin::Claimed(claim) => claim,
+            Ok(claim) => claim,
             other => panic!("a new key is claimed: {other:?}"),
         }
     }

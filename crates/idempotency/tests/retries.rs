@@ -11,10 +11,11 @@ use std::time::Duration;
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Begin, Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, OpeningStep, Policy,
-    Reply, RequestHash, Settling, StoredResponse,
+    Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, OpeningStep, Policy, Reply,
+    RequestHash, Settling, StoredResponse,
 };
 use test_support::db::TestDatabase;
+use test_support::paused::Paused;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -178,11 +179,12 @@ async fn replays_409s_and_422s_spend_no_token_of_the_new_click_limit() {
         assert!(matches!(run("a", "{}").await, Reply::Replay(_)));
         assert!(matches!(run("a", "{\"x\":1}").await, Reply::KeyReused));
     }
-    // A click in progress, retried: 409s, none of which spends a token.
-    let Begin::Claimed(_) = engine
-        .begin("alice", &key("busy"), &hash("{}"))
+    // A click in progress (its request on another instance), retried: 409s,
+    // none of which spends a token.
+    let elsewhere = toy.engine(Duration::from_secs(30), DAY);
+    let Ok(_) = Paused::start(&elsewhere, "alice", &key("busy"), &hash("{}"))
         .await
-        .unwrap()
+        .map(Paused::crash)
     else {
         panic!("a new key is claimed");
     };
@@ -203,7 +205,11 @@ async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
     let engine = toy
         .engine(lease, DAY)
         .with_limit(Limit::new(NonZeroU32::MIN, NonZeroU32::MIN));
-    let Begin::Claimed(_) = engine.begin("alice", &key("a"), &hash("{}")).await.unwrap() else {
+    let elsewhere = toy.engine(lease, DAY);
+    let Ok(_) = Paused::start(&elsewhere, "alice", &key("a"), &hash("{}"))
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a new key is claimed");
     };
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
@@ -386,7 +392,11 @@ async fn a_waiter_turned_away_by_the_lock_backs_off_instead_of_spinning() {
         .engine(lease, DAY)
         .with_gate(Gate::redis(REDIS).await.unwrap());
     let user = scope();
-    let Begin::Claimed(_) = engine.begin(&user, &key("a"), &hash("{}")).await.unwrap() else {
+    let elsewhere = toy.engine(lease, DAY);
+    let Ok(_) = Paused::start(&elsewhere, &user, &key("a"), &hash("{}"))
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a new key is claimed");
     };
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
@@ -428,7 +438,10 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     let (settling, answered) = (key("settling"), key("answered"));
     // One click links an effect that stays pending (its request died);
     // another is answered.
-    let Begin::Claimed(claim) = engine.begin("alice", &settling, &hash("{}")).await.unwrap() else {
+    let Ok(claim) = Paused::start(&engine, "alice", &settling, &hash("{}"))
+        .await
+        .map(Paused::crash)
+    else {
         panic!("a new key is claimed");
     };
     let effect = toy.link_pending(&claim).await;

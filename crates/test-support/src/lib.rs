@@ -14,6 +14,7 @@
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
 //! | [`sandbox`] | the Payrail sandbox's control endpoints: faults and the ledger of charges |
+//! | [`paused`] | a keyed request stopped in its work, through the engine's own flow, resumed or left as a crash would |
 //! | [`invariants`] | the checker of docs/DESIGN.md's "What always holds" against the tables and the ledger |
 //!
 //! It does not depend on the `stagedoor-checkout` library: everything here
@@ -22,6 +23,7 @@
 pub mod citus;
 pub mod db;
 pub mod invariants;
+pub mod paused;
 pub mod postgres;
 pub mod process;
 pub mod rng;

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use idempotency::{Begin, Engine, IdempotencyKey, Policy, RequestHash};
+use idempotency::{Engine, IdempotencyKey, Policy, RequestHash};
 use serde_json::Value;
+use test_support::paused::Paused;
 
 use super::run;
 use crate::helpers::{new_key, order_body, pool, spawn_app, spawn_app_with, Seen, TestApp};
@@ -157,15 +158,15 @@ async fn purge_refuses_a_click_in_progress_or_settling_and_its_key_stays() {
         },
     );
     let body = order_body(&[1], "pm_card_visa");
-    let claimed = engine
-        .begin(
-            "alice",
-            &IdempotencyKey::parse(holding.as_bytes()).unwrap(),
-            &RequestHash::of("POST", "/orders", body.as_bytes()),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(claimed, Begin::Claimed(_)));
+    let claimed = Paused::start(
+        &engine,
+        "alice",
+        &IdempotencyKey::parse(holding.as_bytes()).unwrap(),
+        &RequestHash::of("POST", "/orders", body.as_bytes()),
+    )
+    .await
+    .map(Paused::crash);
+    assert!(claimed.is_ok(), "a new key is claimed");
     let refused = keys(&app, &["purge", "--user", "alice", "--key", &holding], &[]).await;
     assert_eq!(refused.status, 2);
     assert_eq!(refused.json["state"], "in_progress");
