@@ -121,10 +121,8 @@ pub async fn inspect(
 /// boolean SQL expression over `k.effect` (the linked effect's id, as text)
 /// that [`purge`] evaluates in its own statements, so that the answer is
 /// the database's at the moment of the delete. It takes no parameters, and
-/// names the key's scope as `k.user_id`: a statement on one key puts its
-/// own scope parameter there, so that a distributed database sends it to
-/// that key's shard alone. For example, for effects that are orders
-/// waiting for a payment:
+/// names the key's scope as `k.user_id`. For example, for effects that are
+/// orders waiting for a payment:
 ///
 /// ```
 /// const ORDER_SETTLING: idempotency::Settling = idempotency::Settling::when(
@@ -146,22 +144,34 @@ impl Settling {
         Self(sql)
     }
 
-    /// True (never NULL) when the key links an effect that is settling.
+    /// True (never NULL) when the key row `k` links an effect that is
+    /// settling: for a statement over many keys.
     pub(crate) fn of_key(self) -> String {
-        self.of_key_in("k.user_id")
+        format!("COALESCE(k.effect IS NOT NULL AND ({}), true)", self.0)
     }
 
-    /// [`Settling::of_key`] with the key's scope named by `scope`: a
-    /// statement on one key puts its scope's parameter there. Citus sends a
-    /// subquery to the shards of the values it names, and does not follow
-    /// `k.user_id` to the value the statement gave `k`: with the scope
-    /// named through `k`, an `UPDATE` of one key is sent to every shard.
-    pub(crate) fn of_key_in(self, scope: &str) -> String {
+    /// [`Settling::of_key`] for the one key of a statement whose `$1` is its
+    /// scope (see [`one_key`]).
+    pub(crate) fn of_one_key(self) -> String {
         format!(
-            "COALESCE(k.effect IS NOT NULL AND ({}), true)",
-            self.0.replace("k.user_id", scope)
+            "COALESCE(k.effect IS NOT NULL AND {}, true)",
+            one_key(self.0)
         )
     }
+}
+
+/// The caller's expression `sql` over the one key row `k` of a statement
+/// whose `$1` is the key's scope, as a subquery that sees that row with its
+/// scope `k.user_id` being `$1` itself. PostgreSQL folds the row into the
+/// caller's own subqueries, where `k.user_id` becomes `$1`: a distributed
+/// database (Citus) then sends the statement to the shard of that value
+/// alone, where a `k.user_id` that names the updated row would have it
+/// sent to every shard.
+fn one_key(sql: &str) -> String {
+    format!(
+        "(SELECT {sql} FROM (SELECT $1::text AS user_id, k.key, k.effect, k.created_at,
+                                    k.response_status) AS k)"
+    )
 }
 
 /// When an answered key must outlive a purge until it expires, in the
@@ -182,12 +192,12 @@ impl Rearms {
         Self(sql)
     }
 
-    /// True (never NULL) when the key is answered and forgetting it would
-    /// let a retry act again.
-    fn of_key_in(self, scope: &str) -> String {
+    /// True (never NULL) when the one key of a statement whose `$1` is its
+    /// scope is answered and forgetting it would let a retry act again.
+    fn of_one_key(self) -> String {
         format!(
-            "COALESCE(k.response_status IS NOT NULL AND ({}), true)",
-            self.0.replace("k.user_id", scope)
+            "COALESCE(k.response_status IS NOT NULL AND {}, true)",
+            one_key(self.0)
         )
     }
 }
@@ -241,8 +251,8 @@ pub async fn purge(
     let tx = client.transaction().await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&user_id, &key.as_str(), &ttl_secs(policy)];
-    let guard = settling.of_key_in("$1");
-    let rearms = rearms.of_key_in("$1");
+    let guard = settling.of_one_key();
+    let rearms = rearms.of_one_key();
     let locked = format!(
         "SELECT {REPORT} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2

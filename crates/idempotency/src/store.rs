@@ -305,7 +305,7 @@ async fn take_expired(
     hash: &RequestHash,
     seen_token: Option<i64>,
 ) -> Result<Expired, Error> {
-    let guard = settling.of_key_in("$1");
+    let guard = settling.of_one_key();
     // The settling guard is the caller's SQL over `k`, in the same
     // statement, so the database decides it on the row it updates; when the
     // update matched nothing, `settling` says whether the guard was why. An

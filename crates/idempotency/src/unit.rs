@@ -153,7 +153,7 @@ pub async fn store_for_effect(
         "UPDATE idempotency_keys AS k
          SET {SET_ANSWER}, effect = CASE WHEN {} THEN k.effect END
          WHERE k.user_id = $1 AND k.key = $2 AND k.effect = $3 AND k.response_status IS NULL",
-        settling.of_key_in("$1")
+        settling.of_one_key()
     );
     let stored = write_answer(client, &sql, user_id, key, &effect, response).await?;
     Ok(stored == 1)
