@@ -16,7 +16,7 @@
 -- Citus then knows when a transaction wrote them, and a keyed hold (hold
 -- and answer) or a settlement (order, holds, answer) commits on the
 -- coordinator and the worker with two-phase commit, all or nothing
--- (docs/PERFORMANCE.md, "Past one PostgreSQL").
+-- (docs/decisions/0006-citus-seat-side.md).
 DO $$
 DECLARE
     claim_function text;

@@ -51,7 +51,7 @@ const TARGETS: &[(&str, Rule)] = &[
 ];
 
 /// On the Citus cluster these replace the targets of the same name
-/// (docs/PERFORMANCE.md, "Past one PostgreSQL"): the cleanup asks every
+/// (docs/decisions/0005-cleanup-slices.md, 0006-citus-seat-side.md): the cleanup asks every
 /// shard, and the coordinator's CPU per click bounds what any number of
 /// workers can carry.
 const CLUSTER_TARGETS: &[(&str, Rule)] = &[

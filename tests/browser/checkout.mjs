@@ -2,7 +2,7 @@
 // /client/checkout.js) in headless Chromium against a REAL running service
 // and Payrail sandbox, and checks the promise from the browser's side: the
 // key is made at the click, a retry of the click reuses it, a new click makes
-// a new one, and the sandbox's ledger shows one charge per click. scripts/browser-test.sh starts everything and sets:
+// a new one, and the sandbox's ledger shows one charge per click. scripts/ci/browser-test.sh starts everything and sets:
 //
 //   STAGEDOOR_URL      the service, e.g. http://127.0.0.1:PORT
 //   PAYRAIL_URL        the sandbox the service charges through

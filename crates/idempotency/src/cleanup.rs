@@ -157,7 +157,7 @@ fn next_width(width: Duration, rows: u64, target: i64) -> Duration {
 /// and a two-phase commit on each worker, so on a split table a slice takes
 /// `BATCH` rows for every eight shards (8,000 on 32): of 4,000, 8,000 and
 /// 16,000 on a three-node cluster, that deleted fastest under traffic
-/// (docs/PERFORMANCE.md of stagedoor-checkout, "Past one PostgreSQL").
+/// (docs/decisions/0005-cleanup-slices.md of stagedoor-checkout).
 async fn shards(client: &impl GenericClient) -> Result<i64, Error> {
     if Layout::of(client).await? == Layout::Single {
         return Ok(1);

@@ -189,7 +189,7 @@ impl Orders {
 }
 
 /// A buyer's order by id. The buyer comes first in the orders' key: the
-/// order is then found on the buyer's own shard (docs/PERFORMANCE.md).
+/// order is then found on the buyer's own shard (docs/decisions/0003-step-functions.md).
 pub async fn load(
     client: &impl GenericClient,
     user_id: &str,

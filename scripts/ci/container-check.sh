@@ -7,7 +7,7 @@
 # token signed with the repository's dev secret is refused 401), passes
 # scripts/smoke.sh, and every container exits 0 on its stop signal.
 #
-#   scripts/container-check.sh        (as root; .ci/run runs it)
+#   scripts/ci/container-check.sh        (as root; .ci/run runs it)
 #
 # No registry is reachable from this kind of machine (../shared/NOTES.md), so
 # what a registry would give is made here, each part only when it is missing:
@@ -29,7 +29,7 @@
 # Environment:
 #   DOCKER_HOST   an engine to use instead of starting one (when it answers)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 state=/var/tmp/stagedoor-docker # socket, data root, pid file and log of our engine
 compose_file=docker-compose.yml
@@ -357,7 +357,7 @@ ENV RUSTUP_HOME=/usr/local/rustup \\
     PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     RUST_VERSION=$version
 RUN rustc --version && cargo --version
-LABEL org.stagedoor.stand-in="$tag from this machine's toolchain (scripts/container-check.sh)"
+LABEL org.stagedoor.stand-in="$tag from this machine's toolchain (scripts/ci/container-check.sh)"
 EOF
     logged "standin-rust" docker build --force-rm -t "$tag" "$ctx"
     rm -rf "$ctx"
@@ -435,7 +435,7 @@ EXPOSE 5432
 STOPSIGNAL SIGINT
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["postgres"]
-LABEL org.stagedoor.stand-in="$tag from Debian $suite's PostgreSQL (scripts/container-check.sh)" \\
+LABEL org.stagedoor.stand-in="$tag from Debian $suite's PostgreSQL (scripts/ci/container-check.sh)" \\
       org.stagedoor.stand-in.version="$postgres_standin_version"
 EOF
     logged "standin-postgres" docker build --force-rm -t "$tag" "$ctx"

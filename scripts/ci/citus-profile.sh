@@ -10,7 +10,7 @@
 # Environment: CARGO_TARGET_DIR (as CI), CITUS_CHAOS_SECS (30), and those of
 # scripts/citus.sh.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
 
 install_status=0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs promtool (Debian's `prometheus` package) when it is missing, and
 # prints its path on stdout, so that a caller can do:
-#   promtool="$(scripts/prometheus-tools.sh)"
+#   promtool="$(scripts/ci/prometheus-tools.sh)"
 # Quiet when promtool is already there. The package also brings the
 # Prometheus server; nothing here starts it.
 set -euo pipefail

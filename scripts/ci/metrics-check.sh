@@ -7,16 +7,16 @@
 # at zero (src/observe.rs), so this lints all of them, not only those that
 # some traffic happened to touch.
 #
-#   scripts/metrics-check.sh            build the debug binary, then check
-#   STAGEDOOR_BIN=path scripts/metrics-check.sh   check that binary instead
+#   scripts/ci/metrics-check.sh            build the debug binary, then check
+#   STAGEDOOR_BIN=path scripts/ci/metrics-check.sh   check that binary instead
 #   METRICS_CHECK_SAVE=file              also keeps the scrape in that file
 #
-# Installs promtool when missing (scripts/prometheus-tools.sh).
+# Installs promtool when missing (scripts/ci/prometheus-tools.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
-promtool="$(scripts/prometheus-tools.sh)"
+promtool="$(scripts/ci/prometheus-tools.sh)"
 
 bin="${STAGEDOOR_BIN:-}"
 if [ -z "$bin" ]; then

@@ -3,15 +3,15 @@
 # schemathesis: no answer may be a 5xx, and every answer must be as the
 # document says (status, content type, headers, body schema).
 #
-#   scripts/schemathesis.sh                  build the service, start it on a fresh
+#   scripts/ci/schemathesis.sh                  build the service, start it on a fresh
 #                                            database, fuzz it, stop it, drop the database
-#   scripts/schemathesis.sh BASE_URL TOKEN   fuzz a running service as TOKEN's buyer
+#   scripts/ci/schemathesis.sh BASE_URL TOKEN   fuzz a running service as TOKEN's buyer
 #
 # SCHEMATHESIS_MAX_EXAMPLES (default 100) bounds the cases per operation;
 # SCHEMATHESIS_SEED (default fixed, so CI runs repeat) or `random`.
 # schemathesis is installed (once) into a venv outside the clone.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
 venv="${STAGEDOOR_SCHEMATHESIS_VENV:-/var/tmp/stagedoor-venv-schemathesis}"

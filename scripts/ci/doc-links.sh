@@ -5,7 +5,7 @@
 # slugs). Web addresses are not followed (no network here). Exits 1 listing
 # every broken link.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 git ls-files '*.md' 'deploy/prometheus/*.yml' | python3 -c '
 import os, re, sys

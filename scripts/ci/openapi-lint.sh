@@ -5,16 +5,16 @@
 #   - Redocly CLI, `redocly lint`, the recommended ruleset (redocly.yaml);
 #   - Spectral, `spectral lint`, the spectral:oas ruleset (.spectral.yaml).
 #
-#   scripts/openapi-lint.sh             build the service, start it on a fresh database,
+#   scripts/ci/openapi-lint.sh             build the service, start it on a fresh database,
 #                                       fetch its document, stop it, drop the database
-#   scripts/openapi-lint.sh BASE_URL    lint the document of a running service
+#   scripts/ci/openapi-lint.sh BASE_URL    lint the document of a running service
 #
 # The document is saved as $CARGO_TARGET_DIR/openapi.json for a look
 # afterwards. Both linters are npm packages, installed (pinned, only when
 # missing) into a folder outside the clone that is kept between runs:
 # STAGEDOOR_OPENAPI_LINT_TOOLS (default /var/tmp/stagedoor-openapi-lint).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo="$PWD"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"

@@ -5,7 +5,7 @@
 #   - docker-compose (Debian's package), which validates docker-compose.yml
 #     offline with `docker-compose config` (no Docker engine needed).
 # Quiet when everything is already there. Prints the venv's bin folder on
-# stdout, so a caller can do: PATH="$(scripts/ci-tools.sh):$PATH".
+# stdout, so a caller can do: PATH="$(scripts/ci/ci-tools.sh):$PATH".
 set -euo pipefail
 
 venv="${STAGEDOOR_TOOLS_VENV:-/var/tmp/stagedoor-venv}"

@@ -2,7 +2,7 @@
 # Fuzzes the idempotency key parser and the request hash with cargo fuzz
 # (libFuzzer), each target for SECONDS (default 30):
 #
-#   scripts/fuzz.sh [SECONDS]
+#   scripts/ci/fuzz.sh [SECONDS]
 #
 # The targets are in fuzz/fuzz_targets/ (a crate and workspace of its own).
 # cargo fuzz needs nightly-only compiler flags (-Zsanitizer, sancov); the
@@ -12,7 +12,7 @@
 # outside the clone so later runs reuse them. A crash stops the run with its
 # input saved under fuzz/artifacts/ and the command that replays it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 seconds="${1:-30}"
 fuzz_version="0.13.2"

@@ -3,7 +3,7 @@
 around a circle: a module that depends on one that depends back on it can
 be neither read nor changed on its own.
 
-    scripts/module-cycles.py [-v] [SRC]     (SRC: src/ by default)
+    scripts/ci/module-cycles.py [-v] [SRC]     (SRC: src/ by default)
 
 For each file it reads the `crate::`, `super::` and `self::` paths it uses
 (in `use` trees and inline), resolves each to the file that defines the
@@ -20,7 +20,7 @@ import sys
 
 verbose = "-v" in sys.argv[1:]
 roots = [arg for arg in sys.argv[1:] if arg != "-v"]
-root = os.path.normpath(roots[0] if roots else os.path.join(os.path.dirname(__file__), "..", "src"))
+root = os.path.normpath(roots[0] if roots else os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 # Module path (a tuple) -> file. The crate roots only declare modules.
 files = {}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The browser test of the demo checkout page, end to end:
 #
-#   scripts/browser-test.sh [--release]
+#   scripts/ci/browser-test.sh [--release]
 #
 # Starts a real `payrail-sandbox` and a real `stagedoor-checkout` (built with
 # cargo; debug, or release with --release) on free ports against a throwaway
@@ -18,7 +18,7 @@
 # PGHOST_URL (default postgres://postgres@127.0.0.1:5432), SCREENSHOT
 # (default /tmp/stagedoor-demo.png).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 profile=debug
 build_args=(--locked --workspace --bins)

@@ -10,7 +10,7 @@
 # lockfiles in seconds. Exits non-zero on any finding that deny.toml or
 # .cargo/audit.toml does not allow with a reason.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 audit_version="0.22.2"
 deny_version="0.20.2"
