@@ -60,19 +60,10 @@ impl Orders {
     pub async fn place(&self, claim: &Claim, click: &Click) -> Result<Done, CheckoutError> {
         let order = match &claim.effect {
             Some(effect) => self.resume(&claim.user_id, effect).await?,
-            None => {
-                if claim.opened().is_none() {
-                    // Payrail was down when the claim was made, or the claim
-                    // was won another way: fail before writing anything
-                    // while Payrail is known to be down. The key is then
-                    // released and a retry starts afresh.
-                    self.payrail.ready(&claim.user_id)?;
-                }
-                match self.create(claim, click).await? {
-                    Some(order) => order,
-                    None => return Ok(Done::Fenced),
-                }
-            }
+            None => match self.create(claim, click).await? {
+                Some(order) => order,
+                None => return Ok(Done::Fenced),
+            },
         };
         if order.status != OrderStatus::PaymentPending {
             // Settled already (by reconciliation): nothing left to make.
@@ -107,6 +98,11 @@ impl Orders {
         let opened = match claim.opened() {
             Some(row) => row,
             None => {
+                // Payrail was down when the claim was made, or the claim was
+                // won another way: fail before writing anything while
+                // Payrail is known to be down. The key is then released and
+                // a retry starts afresh.
+                self.payrail.ready(&claim.user_id)?;
                 let client = self.pool.get().await?;
                 match claim.open(&client, &click.opening).await? {
                     (Fence::Held, row) => row,
