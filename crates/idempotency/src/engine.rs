@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::cache::{Asked, Cached};
 use crate::claim::{Claim, Done, Policy};
-use crate::claiming::Claiming;
+use crate::claiming::{Claiming, Join};
 use crate::reply::{Outcome, Ran, Reply, RunError};
 use crate::store::{self, Begin, Found};
 use crate::unit::{self, Fence};
@@ -185,11 +185,13 @@ impl Engine {
             },
             None => None,
         };
-        // A copy of a request whose claim this process is making: in
-        // progress, without a statement (see `claiming`).
-        if self.claiming.holds(user_id, key, hash) {
-            return Ok(Decision::of(Begin::InProgress));
-        }
+        // A copy of a request whose statement this process is running
+        // takes what that statement learns (see `claiming`).
+        let lead = match self.claiming.join(user_id, key, hash).await {
+            Join::Lead(lead) => Some(lead),
+            Join::Follow(Some(begun)) => return Ok(Decision::of(begun)),
+            Join::Follow(None) => None,
+        };
         let learned = |begun: Begin, gate: Option<i64>, life: Duration| {
             if let (Some(cache), Some(asked), Begin::Replay(response)) =
                 (&self.cache, asked, &begun)
@@ -235,6 +237,9 @@ impl Engine {
                 limit.give_back(user_id);
             }
         }
+        if let (Some(lead), Ok((begun, _))) = (&lead, &begun) {
+            lead.tell(begun);
+        }
         match (begun, admitted) {
             (Ok((begun, life)), admitted) => Ok(learned(begun, admitted.then_some(token), life)),
             (Err(error), true) => {
@@ -266,7 +271,6 @@ impl Engine {
                 hash,
                 token,
             };
-            let _claiming = self.claiming.mark(user_id, key, hash);
             store::claim(&client, self.policy, self.settling, asked, opening).await
         } else {
             store::look(&client, self.policy, user_id, key, hash).await

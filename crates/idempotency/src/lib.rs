@@ -132,7 +132,7 @@
 pub mod actix;
 mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
 mod claim; // the right to do an intent's work, and how the work ends
-mod claiming; // the keys this process is claiming right now
+mod claiming; // copies of one request share the key's statement
 pub mod cleanup; // batched deletion of expired keys
 mod engine; // the engine and the flow of a keyed request
 mod error;

@@ -223,6 +223,33 @@ async fn the_claims_function_decides_every_case() {
         .map(|ran| ran.reply);
     assert!(matches!(reused.unwrap(), Reply::KeyReused));
 
+    // Copies of the answered request at once, and one different request
+    // among them: every copy is a replay (copies share their key's read),
+    // the other one is refused.
+    let barrier = Arc::new(Barrier::new(17));
+    let retries: Vec<_> = (0..17)
+        .map(|n| {
+            let (engine, barrier, k) = (engine.clone(), barrier.clone(), k.clone());
+            let h = if n == 16 { hash("{\"x\":1}") } else { h };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let never = |_| async { Err::<Done, _>("an answered key does no work") };
+                engine
+                    .run("alice", &k, &h, None, Duration::ZERO, never)
+                    .await
+                    .map(|ran| ran.reply)
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (n, retry) in retries.into_iter().enumerate() {
+        match retry.await.unwrap() {
+            Reply::Replay(ref r) if n < 16 && *r == answer => {}
+            Reply::KeyReused if n == 16 => {}
+            other => panic!("copy {n} answered {other:?}"),
+        }
+    }
+
     let barrier = Arc::new(Barrier::new(16));
     let storm: Vec<_> = (0..16)
         .map(|_| {
