@@ -41,8 +41,8 @@ finish() {
 }
 trap finish EXIT
 
-cargo build --release --locked --bin stagedoor-checkout
-cargo build --release --locked -p payrail-sandbox
+# The release build CI's chaos step made (the same selection: nothing to do).
+cargo build --release --locked --workspace --bins
 bin="$CARGO_TARGET_DIR/release/stagedoor-checkout"
 url="$(STAGEDOOR_BIN="$bin" scripts/citus.sh | sed -n 's/^DATABASE_URL=//p')"
 [[ -n "$url" ]] || { echo "scripts/citus.sh printed no DATABASE_URL" >&2; exit 1; }
