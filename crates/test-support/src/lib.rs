@@ -1,6 +1,6 @@
 //! What the workspace's tests and benches share, written once: the API
 //! tests (`tests/api`), the chaos run (`tests/chaos.rs`), the bench
-//! (`benches/checkout.rs`) and the other crates' own tests against
+//! (`benches/checkout/`) and the other crates' own tests against
 //! PostgreSQL.
 //!
 //! | module | for |

@@ -19,31 +19,18 @@
 //! and a read cost the coordinator and the workers: PostgreSQL CPU,
 //! statements, two-phase commits) unless others are named.
 
-#[path = "checkout/abuse.rs"]
 mod abuse;
-#[path = "checkout/capacity.rs"]
 mod capacity;
-#[path = "checkout/cpu.rs"]
 mod cpu;
-#[path = "checkout/fixtures.rs"]
 mod fixtures;
-#[path = "checkout/load.rs"]
 mod load;
-#[path = "checkout/lost_answers.rs"]
 mod lost_answers;
-#[path = "checkout/postgres.rs"]
 mod postgres;
-#[path = "checkout/report.rs"]
 mod report;
-#[path = "checkout/scenarios.rs"]
 mod scenarios;
-#[path = "checkout/servers.rs"]
 mod servers;
-#[path = "checkout/shards.rs"]
 mod shards;
-#[path = "checkout/storage.rs"]
 mod storage;
-#[path = "checkout/without_key.rs"]
 mod without_key;
 
 use std::net::TcpListener;
