@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payrail_sandbox::Sandbox;
+use secrecy::ExposeSecret;
 use serde_json::json;
 use stagedoor_checkout::config::LockMode;
 use test_support::sandbox;
@@ -213,9 +214,10 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         .get(0);
     drop(admin);
 
+    let api_key = servers::test_layer().payrail.api_key;
     let sandbox = Sandbox::start(
         TcpListener::bind("127.0.0.1:0").expect("bind the sandbox"),
-        servers::API_KEY.to_owned(),
+        api_key.expose_secret().to_owned(),
     )
     .expect("sandbox");
     let sandbox_url = sandbox.base_url();
