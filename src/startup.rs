@@ -138,7 +138,7 @@ impl Application {
     }
 
     /// The instance's connection pool, for the benchmark's pool-wait probe
-    /// (`benches/checkout.rs`): it times `get()` beside real traffic.
+    /// (`benches/checkout/load.rs`): it times `get()` beside real traffic.
     #[doc(hidden)]
     pub fn pool(&self) -> Pool {
         self.pool.clone()

@@ -53,7 +53,7 @@ use stagedoor_checkout::config::Settings;
 use test_support::db::connect;
 use test_support::{invariants, sandbox, Rng};
 
-use cluster::{SandboxProcess, Services, Store, API_KEY, WEBHOOK_SECRET};
+use cluster::{SandboxProcess, Services, Store};
 use load::{buyer_name, Click, Seats, Shop};
 use monkey::{CrashSchedule, FaultSchedule, KillSchedule, Monkey};
 
@@ -144,13 +144,25 @@ fn chaos_keeps_one_click_one_order_and_at_most_one_charge() {
     );
 }
 
-/// The environment of every service process (and of the `seed` command).
+/// What every service process starts from: config/test.toml, the layer of
+/// the API tests' and the bench's instances too (port 0, no per-buyer
+/// limits, the sandbox's API key and webhook secret, a token secret). The
+/// processes read it as `STAGEDOOR_ENV=test`; the run reads it here for
+/// what the sandbox and the buyers must agree on with them.
+fn test_layer() -> Settings {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    Settings::load_from(&dir, "test").expect("config/test.toml")
+}
+
+/// The environment of every service process (and of the `seed` command):
+/// the test layer, then this run's database, sandbox, sizes and faster
+/// jobs, breaker and lease.
 fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, String)> {
     let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
     let hold_ttl = (profile.secs + 600).to_string();
     let log = std::env::var("CHAOS_SERVICE_LOG").unwrap_or_else(|_| "warn".to_owned());
     [
-        ("STAGEDOOR_ENV", "local"),
+        ("STAGEDOOR_ENV", "test"),
         ("STAGEDOOR_CONFIG_DIR", config.as_str()),
         ("DATABASE_URL", store.url().as_str()),
         ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "true"),
@@ -163,20 +175,9 @@ fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, 
             },
         ),
         ("STAGEDOOR__DATABASE__POOL_SIZE", "8"),
-        // The chaos load clicks far faster than a person; the per-buyer
-        // limits (new clicks, live holds) are not what this run is about.
-        ("STAGEDOOR__LIMITS__NEW_KEYS_PER_SEC", "1000000"),
-        ("STAGEDOOR__LIMITS__BURST", "1000000"),
-        ("STAGEDOOR__HOLDS__MAX_PER_BUYER", "1000000"),
         ("STAGEDOOR__DATABASE__POOL_TIMEOUT_MS", "2000"),
-        ("STAGEDOOR__SERVER__HOST", "127.0.0.1"),
         ("STAGEDOOR__SERVER__WORKERS", "2"),
-        ("STAGEDOOR__SERVER__SHUTDOWN_TIMEOUT_SECS", "1"),
-        ("STAGEDOOR__DEMO__SEED", "false"),
-        ("STAGEDOOR__PAYRAIL__SANDBOX", "false"),
         ("STAGEDOOR__PAYRAIL__BASE_URL", sandbox),
-        ("STAGEDOOR__PAYRAIL__API_KEY", API_KEY),
-        ("STAGEDOOR__PAYRAIL__WEBHOOK_SECRET", WEBHOOK_SECRET),
         (
             "STAGEDOOR__PAYRAIL__TIMEOUT_MS",
             &PAYRAIL_TIMEOUT_MS.to_string(),
@@ -200,12 +201,10 @@ async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
-/// Signs a token per buyer with the `local` layer's secret, valid for the
-/// whole run.
-fn tokens(buyers: usize, ttl: Duration) -> Vec<String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let settings = Settings::load_from(&dir, "local").expect("config/local.toml");
-    let tokens = Tokens::new(&settings.auth.jwt_secret).expect("jwt secret");
+/// Signs a token per buyer with the services' secret, valid for the whole
+/// run.
+fn tokens(layer: &Settings, buyers: usize, ttl: Duration) -> Vec<String> {
+    let tokens = Tokens::new(&layer.auth.jwt_secret).expect("jwt secret");
     (0..buyers)
         .map(|i| {
             let buyer = BuyerId::parse(&buyer_name(i)).expect("buyer id");
@@ -234,7 +233,8 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     let env = service_env(store, &format!("http://127.0.0.1:{sandbox_port}"), profile);
     let services = Arc::new(Services::new(scratch, profile.instances, env));
     let events_url = format!("{}/payrail/events", services.urls[0]);
-    let sandbox = SandboxProcess::spawn(scratch, sandbox_port, &events_url).await;
+    let layer = test_layer();
+    let sandbox = SandboxProcess::spawn(scratch, sandbox_port, &events_url, &layer.payrail).await;
     services.admin(&["migrate"]).await;
     store.lay_out().await;
     // `seed` makes at most 100,000 seats per event.
@@ -279,7 +279,11 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
         sandbox.url
     );
 
-    let tokens = tokens(profile.buyers, Duration::from_secs(profile.secs + 3_600));
+    let tokens = tokens(
+        &layer,
+        profile.buyers,
+        Duration::from_secs(profile.secs + 3_600),
+    );
     let shop = Arc::new(Shop::new(
         services.urls.clone(),
         tokens,

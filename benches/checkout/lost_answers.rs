@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use crate::fixtures::order_body;
 use crate::load::histogram;
-use crate::servers::{RunningApp, API_KEY};
+use crate::servers::RunningApp;
 use crate::Bench;
 
 /// How often the key rows are read for the answers that have appeared.
@@ -77,7 +77,8 @@ async fn measure(bench: &Bench, clicks: usize, events: bool) -> Vec<Duration> {
         secret,
     });
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a sandbox");
-    let sandbox = Sandbox::start_with(listener, API_KEY.to_owned(), webhook).expect("sandbox");
+    let api_key = settings.payrail.api_key.expose_secret().to_owned();
+    let sandbox = Sandbox::start_with(listener, api_key, webhook).expect("sandbox");
     settings.payrail.base_url = sandbox.base_url();
     settings.payrail.max_attempts = 1;
     settings.server.port = port;

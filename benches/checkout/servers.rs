@@ -23,32 +23,23 @@ use test_support::process::{free_port, Service, ServiceProcess};
 
 use crate::without_key;
 
-pub const API_KEY: &str = "sk_test_stagedoor";
-
-/// The `local` layer, then what a benchmark needs: this database and
-/// sandbox, port 0, the default pool (16) and workers (one per core), jobs
-/// out of the way, a breaker that does not open on an overloaded second.
-pub fn settings(database_url: &str, sandbox_url: &str, lock: LockMode) -> Settings {
+/// What every instance of the bench starts from: config/test.toml, the
+/// layer of the tests' and the chaos run's instances too (port 0, jobs out
+/// of the way, no per-buyer limits, a breaker that does not open on an
+/// overloaded second, the sandbox's API key).
+pub fn test_layer() -> Settings {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let mut settings = Settings::load_from(&dir, "local").expect("config/local.toml");
+    Settings::load_from(&dir, "test").expect("config/test.toml")
+}
+
+/// The test layer, then this database (made at start if missing) and
+/// sandbox; the pool (16) and workers (one per core) are the defaults.
+pub fn settings(database_url: &str, sandbox_url: &str, lock: LockMode) -> Settings {
+    let mut settings = test_layer();
     settings.database.url = SecretString::from(database_url.to_owned());
     settings.database.create_if_missing = true;
-    settings.server.host = "127.0.0.1".to_owned();
-    settings.server.port = 0;
-    settings.server.shutdown_timeout_secs = 1;
-    settings.payrail.sandbox = false;
     settings.payrail.base_url = sandbox_url.to_owned();
-    settings.payrail.api_key = SecretString::from(API_KEY.to_owned());
-    settings.payrail.breaker_failures = 1_000_000;
-    settings.demo.seed = false;
-    settings.reconcile.interval_secs = 3_600;
-    settings.idempotency.cleanup_interval_secs = 3_600;
     settings.idempotency.lock = lock;
-    // The bench's buyers click at thousands a second; the per-buyer limits
-    // (new clicks, live holds) are not what it measures.
-    settings.limits.new_keys_per_sec = 1_000_000;
-    settings.limits.burst = 1_000_000;
-    settings.holds.max_per_buyer = 1_000_000;
     settings
 }
 
@@ -275,7 +266,8 @@ async fn order_without_key(
     }
 }
 
-/// `stagedoor-checkout serve` as a process of its own, killed on drop.
+/// `stagedoor-checkout serve` as a process of its own, killed on drop: the
+/// test layer, this database (made already) and sandbox.
 pub async fn service_process(database_url: &str, sandbox_url: &str) -> ServiceProcess {
     let port = free_port();
     let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
@@ -284,20 +276,11 @@ pub async fn service_process(database_url: &str, sandbox_url: &str) -> ServicePr
         format!("http://127.0.0.1:{port}"),
     )
     .arg("serve")
-    .env("STAGEDOOR_ENV", "local")
+    .env("STAGEDOOR_ENV", "test")
     .env("STAGEDOOR_CONFIG_DIR", config)
     .env("DATABASE_URL", database_url)
     .env("STAGEDOOR__SERVER__PORT", port.to_string())
-    .env("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false")
-    .env("STAGEDOOR__DEMO__SEED", "false")
-    .env("STAGEDOOR__PAYRAIL__SANDBOX", "false")
     .env("STAGEDOOR__PAYRAIL__BASE_URL", sandbox_url)
-    .env("STAGEDOOR__PAYRAIL__API_KEY", API_KEY)
-    .env("STAGEDOOR__PAYRAIL__BREAKER_FAILURES", "1000000")
-    .env("STAGEDOOR__LIMITS__NEW_KEYS_PER_SEC", "1000000")
-    .env("STAGEDOOR__LIMITS__BURST", "1000000")
-    .env("STAGEDOOR__RECONCILE__INTERVAL_SECS", "3600")
-    .env("STAGEDOOR__IDEMPOTENCY__CLEANUP_INTERVAL_SECS", "3600")
     .env("RUST_LOG", "warn")
     .spawn_or_panic(Duration::from_secs(20))
     .await

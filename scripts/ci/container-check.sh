@@ -551,9 +551,11 @@ mapfile -t dev_secrets < <(sed -nE 's/^(jwt_secret|api_key|webhook_secret) = "(.
 found="$(printf '%s\n' "${dev_secrets[@]}" | docker run --rm -i --user 0 --entrypoint sh "$built_image" -c \
     'grep -rlasF --exclude=payrail-sandbox -f /dev/stdin /usr /app /etc /opt /root /home /var || true')"
 [ -z "$found" ] || fail "$built_image holds a secret of the repository, in: ${found//$'\n'/ }"
-if docker run --rm --entrypoint test "$built_image" -e /app/config/local.toml; then
-    fail "$built_image ships config/local.toml"
-fi
+for layer in local test; do
+    if docker run --rm --entrypoint test "$built_image" -e "/app/config/$layer.toml"; then
+        fail "$built_image ships config/$layer.toml"
+    fi
+done
 if refusal="$(docker run --rm -e STAGEDOOR_ENV=local "$built_image" token --sub smoke 2>&1)"; then
     fail "$built_image: STAGEDOOR_ENV=local minted a token (a development layer is built in)"
 fi

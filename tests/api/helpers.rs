@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use payrail_sandbox::{Sandbox, Webhook};
 use reqwest::{RequestBuilder, Response};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{json, Value};
 use stagedoor_checkout::auth::{BuyerId, Tokens};
 use stagedoor_checkout::checkout::seats;
@@ -21,9 +21,22 @@ use uuid::Uuid;
 pub use test_support::db::TestDatabase;
 pub use test_support::Seen;
 
-pub const API_KEY: &str = "sk_test_stagedoor";
-/// What Payrail signs its events with in tests (`payrail.webhook_secret`).
-pub const WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef0123456789abcdef";
+/// What every test instance starts from: config/test.toml, the layer the
+/// chaos run and the bench start theirs from too.
+pub fn test_layer() -> Settings {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    Settings::load_from(&dir, "test").expect("config/test.toml")
+}
+
+/// What Payrail signs its events with in tests (the test layer's
+/// `payrail.webhook_secret`).
+pub fn webhook_secret() -> String {
+    test_layer()
+        .payrail
+        .webhook_secret
+        .expose_secret()
+        .to_owned()
+}
 
 /// The service's own pool (`db::pool`), one connection, to `url`, with
 /// generic plans as the profile needs them (off on Citus).
@@ -55,42 +68,23 @@ pub struct TestApp {
     handle: actix_web::dev::ServerHandle,
 }
 
-/// Settings for tests: the `local` layer, then short, test-friendly values.
+/// Settings for tests: the test layer, this test's database and sandbox, a
+/// small pool and two workers, a short Payrail timeout.
 pub fn test_settings(db: &TestDatabase, sandbox: &Sandbox) -> Settings {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let mut settings = Settings::load_from(&dir, "local").expect("config");
+    let mut settings = test_layer();
     settings.database.url = SecretString::from(db.url.clone());
-    settings.database.create_if_missing = false;
     settings.database.pool_size = 8;
-    settings.server.port = 0;
     settings.server.workers = 2;
-    settings.server.shutdown_timeout_secs = 1;
-    settings.payrail.sandbox = false;
     settings.payrail.base_url = sandbox.base_url();
     settings.payrail.timeout_ms = 1_000;
-    settings.payrail.breaker_failures = 1_000;
-    settings.payrail.webhook_secret = SecretString::from(WEBHOOK_SECRET.to_owned());
-    settings.demo.seed = false;
     // Citus cannot plan its distributed steps from a generic plan.
     settings.database.generic_plans = !test_support::citus::enabled();
     // The idempotency suites run in both lock modes (table, Redis gate).
     if std::env::var("STAGEDOOR_TEST_LOCK").as_deref() == Ok("redis") {
         settings.idempotency.lock = LockMode::Redis;
     }
-    // Background jobs stay out of the way unless a test asks for them.
-    settings.reconcile.interval_secs = 3_600;
-    settings.idempotency.cleanup_interval_secs = 3_600;
-    // Storms and races send a buyer's new clicks far faster than a person:
-    // the per-buyer limit is tested on its own (limits.rs).
-    settings.limits.new_keys_per_sec = UNLIMITED;
-    settings.limits.burst = UNLIMITED;
-    // So do buyers' live holds, tested on their own (holds.rs).
-    settings.holds.max_per_buyer = UNLIMITED;
     settings
 }
-
-/// A per-buyer limit no test reaches unless it means to.
-const UNLIMITED: u32 = 1_000_000;
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
@@ -110,12 +104,13 @@ async fn spawn(configure: impl FnOnce(&mut Settings), events: bool) -> TestApp {
     let db = TestDatabase::create().await;
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
     let port = free_port();
+    let payrail = test_layer().payrail;
     let webhook = events.then(|| Webhook {
         url: format!("http://127.0.0.1:{port}/payrail/events"),
-        secret: WEBHOOK_SECRET.to_owned(),
+        secret: payrail.webhook_secret.expose_secret().to_owned(),
     });
-    let sandbox =
-        Arc::new(Sandbox::start_with(listener, API_KEY.to_owned(), webhook).expect("sandbox"));
+    let api_key = payrail.api_key.expose_secret().to_owned();
+    let sandbox = Arc::new(Sandbox::start_with(listener, api_key, webhook).expect("sandbox"));
     let mut settings = test_settings(&db, &sandbox);
     if events {
         settings.server.port = port;
@@ -431,7 +426,7 @@ pub fn unix_now() -> u64 {
 
 /// `Payrail-Signature` for `body`, signed now under the test secret.
 pub fn sign_now(body: &[u8]) -> String {
-    payrail_sandbox::sign(WEBHOOK_SECRET.as_bytes(), unix_now(), body)
+    payrail_sandbox::sign(webhook_secret().as_bytes(), unix_now(), body)
 }
 
 /// An event as Payrail words it, about the ledger's `charge`: `type` is
@@ -469,13 +464,14 @@ impl Drop for TestApp {
 
 impl TestApp {
     /// The real `stagedoor-checkout` binary, serving on this app's database
-    /// and sandbox with this app's settings: for tests that kill or signal
-    /// it. Its log is shown if it does not come up.
+    /// and sandbox from the same test layer, with what a test may have
+    /// changed of this app's settings: for tests that kill or signal it. Its
+    /// log is shown if it does not come up.
     pub async fn spawn_process(&self) -> ServiceProcess {
         let port = free_port();
         let s = &self.settings;
         let env: Vec<(&str, String)> = vec![
-            ("STAGEDOOR_ENV", "local".into()),
+            ("STAGEDOOR_ENV", "test".into()),
             (
                 "STAGEDOOR_CONFIG_DIR",
                 format!("{}/config", env!("CARGO_MANIFEST_DIR")),
@@ -487,7 +483,6 @@ impl TestApp {
                 "STAGEDOOR__SERVER__SHUTDOWN_TIMEOUT_SECS",
                 s.server.shutdown_timeout_secs.to_string(),
             ),
-            ("STAGEDOOR__DATABASE__CREATE_IF_MISSING", "false".into()),
             ("STAGEDOOR__DATABASE__POOL_SIZE", "4".into()),
             (
                 "STAGEDOOR__DATABASE__GENERIC_PLANS",
@@ -502,8 +497,6 @@ impl TestApp {
                 "STAGEDOOR__HOLDS__MAX_PER_BUYER",
                 s.holds.max_per_buyer.to_string(),
             ),
-            ("STAGEDOOR__DEMO__SEED", "false".into()),
-            ("STAGEDOOR__PAYRAIL__SANDBOX", "false".into()),
             ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),
             (
                 "STAGEDOOR__PAYRAIL__TIMEOUT_MS",
@@ -533,7 +526,6 @@ impl TestApp {
                 "STAGEDOOR__RECONCILE__GIVE_UP_SECS",
                 s.reconcile.give_up_secs.to_string(),
             ),
-            ("STAGEDOOR__PAYRAIL__WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
             ("RUST_LOG", "warn".into()),
         ];
         Service::new(

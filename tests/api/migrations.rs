@@ -155,11 +155,7 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
 #[tokio::test]
 async fn the_service_leaves_the_key_table_exactly_as_the_engine_makes_it() {
     let (service, engine) = (TestDatabase::create().await, TestDatabase::create().await);
-    let mut settings = stagedoor_checkout::config::Settings::load_from(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config"),
-        "local",
-    )
-    .unwrap();
+    let mut settings = helpers::test_layer();
     settings.database.url = service.url.clone().into();
     stagedoor_checkout::db::migrate(&settings.database)
         .await

@@ -11,7 +11,7 @@ use tokio::sync::Barrier;
 
 use crate::helpers::{
     event_body, new_key, order_body, sign_now, spawn_app_with, spawn_app_with_events, unix_now,
-    TestApp, WEBHOOK_SECRET,
+    webhook_secret, TestApp,
 };
 use crate::invariants::assert_invariants;
 
@@ -329,6 +329,7 @@ async fn a_bad_stale_or_tampered_signature_is_400_and_writes_nothing() {
     let (key, hold, charge) = lost_answer_click(&app, seats[0]).await;
     let body = event_body("evt_sig", "charge.succeeded", &charge);
     let now = unix_now();
+    let secret = webhook_secret();
     let sign =
         |secret: &str, t: u64, body: &[u8]| payrail_sandbox::sign(secret.as_bytes(), t, body);
     let mut tampered = body.clone();
@@ -344,24 +345,24 @@ async fn a_bad_stale_or_tampered_signature_is_400_and_writes_nothing() {
         (
             "301 s old",
             body.clone(),
-            Some(sign(WEBHOOK_SECRET, now - 301, &body)),
+            Some(sign(&secret, now - 301, &body)),
         ),
         (
             "301 s ahead",
             body.clone(),
-            Some(sign(WEBHOOK_SECRET, now + 301, &body)),
+            Some(sign(&secret, now + 301, &body)),
         ),
         (
             "tampered body",
             tampered.clone(),
-            Some(sign(WEBHOOK_SECRET, now, &body)),
+            Some(sign(&secret, now, &body)),
         ),
         ("no v1", body.clone(), Some(format!("t={now}"))),
         ("garbage", body.clone(), Some("t=abc,v1=xyz".into())),
         (
             "signed garbage is still checked first",
             b"not json".to_vec(),
-            Some(sign(WEBHOOK_SECRET, now, &body)),
+            Some(sign(&secret, now, &body)),
         ),
     ];
     for (case, body, signature) in cases {

@@ -12,17 +12,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use secrecy::ExposeSecret;
+use stagedoor_checkout::config::PayrailSettings;
 use test_support::citus::Worker;
 use test_support::db::TestDatabase;
 use test_support::postgres::Postgres;
 use test_support::process::{free_port, Service, ServiceProcess, SpawnError};
 use test_support::scratch::ScratchDir;
 use tokio::sync::Mutex;
-
-/// The API key the sandbox demands and the services send.
-pub const API_KEY: &str = "sk_test_stagedoor";
-/// What the sandbox signs its events with, and the services check.
-pub const WEBHOOK_SECRET: &str = "whsec_chaos_0123456789abcdef0123456789";
 
 /// The scratch directory of a run, kept when `CHAOS_KEEP` is set.
 pub fn scratch() -> ScratchDir {
@@ -133,16 +130,24 @@ pub struct SandboxProcess {
 }
 
 impl SandboxProcess {
-    /// On `port`, sending its events to `webhook_url`.
-    pub async fn spawn(scratch: &Path, port: u16, webhook_url: &str) -> Self {
+    /// On `port`, demanding the services' API key and signing the events it
+    /// sends to `webhook_url` with their webhook secret (`payrail.api_key`
+    /// and `payrail.webhook_secret` of `payrail`).
+    pub async fn spawn(
+        scratch: &Path,
+        port: u16,
+        webhook_url: &str,
+        payrail: &PayrailSettings,
+    ) -> Self {
         let log = scratch.join("payrail-sandbox.log");
         let process = Service::new(sandbox_binary(), format!("http://127.0.0.1:{port}"))
-            .args(["--port", &port.to_string(), "--api-key", API_KEY])
+            .args(["--port", &port.to_string()])
+            .args(["--api-key", payrail.api_key.expose_secret()])
             .args([
                 "--webhook-url",
                 webhook_url,
                 "--webhook-secret",
-                WEBHOOK_SECRET,
+                payrail.webhook_secret.expose_secret(),
             ])
             .env("RUST_LOG", "warn")
             .log_to(&log)

@@ -9,10 +9,12 @@
 //! two-phase commits such a crash left half done.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Config, NoTls};
+
+use crate::process::{alive, children, kill};
 
 /// The service's tables on a cluster, as `scripts/citus.sh` lays them out.
 pub const LAYOUT: &str = include_str!("../../../scripts/citus-distribute.sql");
@@ -211,50 +213,6 @@ impl Worker {
             ))
         }
     }
-}
-
-/// `kill -KILL` to `pids` (none: nothing to do), and how it ended.
-fn kill(pids: &[u32]) -> Result<std::process::ExitStatus, String> {
-    if pids.is_empty() {
-        return Ok(std::process::ExitStatus::default());
-    }
-    Command::new("kill")
-        .arg("-KILL")
-        .args(pids.iter().map(u32::to_string))
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("kill: {e}"))
-}
-
-/// The processes whose parent is `pid` (from `/proc`).
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid ...`: comm may hold spaces, so after
-            // its closing parenthesis.
-            let parent: u32 = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            (parent == pid).then_some(child)
-        })
-        .collect()
-}
-
-/// Whether `pid` is a live process (a zombie is not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
-        .unwrap_or(false)
 }
 
 /// The prepared transactions of the test's database on every node of the

@@ -1,6 +1,6 @@
 //! What the workspace's tests and benches share, written once: the API
 //! tests (`tests/api`), the chaos run (`tests/chaos.rs`), the bench
-//! (`benches/checkout.rs`) and the other crates' own tests against
+//! (`benches/checkout/`) and the other crates' own tests against
 //! PostgreSQL.
 //!
 //! | module | for |
@@ -10,7 +10,7 @@
 //! | [`tls`] | a throwaway PostgreSQL that takes TLS connections only, with a CA made at test time |
 //! | [`db`] | a database per test on the machine's server (`DATABASE_URL`), a plain connection, a pool |
 //! | [`citus`] | the Citus profile (`STAGEDOOR_TEST_CITUS=1`): every test database a database of the cluster, and the tables' layout there |
-//! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped |
+//! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped; any process by its pid: SIGKILLed, its children, whether it lives |
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
 //! | [`sandbox`] | the Payrail sandbox's control endpoints: faults and the ledger of charges |

@@ -5,6 +5,10 @@
 //! stdout and stderr go to a log file, whose lines are shown when it does
 //! not come up (and when a test panics while it runs). It is SIGKILLed
 //! when dropped.
+//!
+//! And processes known only by their pid, which nothing here spawned (a
+//! Citus worker's PostgreSQL, what a killed run left behind): [`kill`],
+//! [`children`], [`alive`].
 
 use std::ffi::OsString;
 use std::fmt;
@@ -12,7 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::process::Child;
@@ -374,5 +378,71 @@ impl Drop for ServiceProcess {
         if self.own_log {
             let _ = fs::remove_file(&self.log);
         }
+    }
+}
+
+/// `kill -KILL` to `pids` (none: nothing to do), and how it ended.
+pub(crate) fn kill(pids: &[u32]) -> Result<ExitStatus, String> {
+    if pids.is_empty() {
+        return Ok(ExitStatus::default());
+    }
+    Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("kill: {e}"))
+}
+
+/// The processes whose parent is `pid` (from `/proc`).
+pub(crate) fn children(pid: u32) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces, so after
+            // its closing parenthesis.
+            let parent: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// Whether `pid` is a live process (a zombie is not).
+pub(crate) fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_known_by_its_pid_is_found_killed_and_seen_gone() {
+        let mut sleeper = Command::new("sleep").arg("60").spawn().expect("sleep");
+        let pid = sleeper.id();
+        assert!(alive(pid));
+        assert!(children(std::process::id()).contains(&pid));
+        assert!(kill(&[pid]).expect("kill").success());
+        // Dead before it is reaped: a zombie is not alive.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(Instant::now() < deadline, "{pid} outlived SIGKILL");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!sleeper.wait().expect("wait").success());
+        assert!(kill(&[]).expect("nothing to kill").success());
     }
 }

@@ -95,11 +95,9 @@ pub fn sweep_stale(prefix: &str) {
         if alive.is_empty() && !server {
             continue;
         }
-        for pid in alive {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid])
-                .status();
-        }
+        // Some may end by themselves in between: the others are killed all
+        // the same.
+        let _ = crate::process::kill(&alive);
         if server {
             crate::postgres::stop_left_running(&dir);
         }
@@ -109,16 +107,17 @@ pub fn sweep_stale(prefix: &str) {
 }
 
 /// The noted processes of `dir` that still run the program noted for them.
-fn noted_alive(dir: &Path) -> Vec<String> {
+fn noted_alive(dir: &Path) -> Vec<u32> {
     fs::read_to_string(dir.join(PIDS))
         .unwrap_or_default()
         .lines()
         .filter_map(|line| {
             let (pid, program) = line.split_once(' ')?;
-            let cmdline = fs::read(Path::new("/proc").join(pid).join("cmdline")).ok()?;
+            let pid: u32 = pid.parse().ok()?;
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             String::from_utf8_lossy(&cmdline)
                 .contains(program)
-                .then(|| pid.to_owned())
+                .then_some(pid)
         })
         .collect()
 }

@@ -19,31 +19,18 @@
 //! and a read cost the coordinator and the workers: PostgreSQL CPU,
 //! statements, two-phase commits) unless others are named.
 
-#[path = "checkout/abuse.rs"]
 mod abuse;
-#[path = "checkout/capacity.rs"]
 mod capacity;
-#[path = "checkout/cpu.rs"]
 mod cpu;
-#[path = "checkout/fixtures.rs"]
 mod fixtures;
-#[path = "checkout/load.rs"]
 mod load;
-#[path = "checkout/lost_answers.rs"]
 mod lost_answers;
-#[path = "checkout/postgres.rs"]
 mod postgres;
-#[path = "checkout/report.rs"]
 mod report;
-#[path = "checkout/scenarios.rs"]
 mod scenarios;
-#[path = "checkout/servers.rs"]
 mod servers;
-#[path = "checkout/shards.rs"]
 mod shards;
-#[path = "checkout/storage.rs"]
 mod storage;
-#[path = "checkout/without_key.rs"]
 mod without_key;
 
 use std::net::TcpListener;
@@ -51,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payrail_sandbox::Sandbox;
+use secrecy::ExposeSecret;
 use serde_json::json;
 use stagedoor_checkout::config::LockMode;
 use test_support::sandbox;
@@ -226,9 +214,10 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         .get(0);
     drop(admin);
 
+    let api_key = servers::test_layer().payrail.api_key;
     let sandbox = Sandbox::start(
         TcpListener::bind("127.0.0.1:0").expect("bind the sandbox"),
-        servers::API_KEY.to_owned(),
+        api_key.expose_secret().to_owned(),
     )
     .expect("sandbox");
     let sandbox_url = sandbox.base_url();
