@@ -176,7 +176,7 @@ async fn concurrent_duplicates_run_the_work_once() {
     for task in tasks {
         match task.await.unwrap() {
             Reply::First(_) => first += 1,
-            Reply::Replay(_) | Reply::InProgress => {}
+            Reply::Replay(_) | Reply::InProgress { .. } => {}
             Reply::KeyReused | Reply::Limited(_) => panic!("neither reused nor limited"),
         }
     }
@@ -534,7 +534,7 @@ async fn an_opening_step_is_made_with_the_claim_and_not_by_a_duplicate() {
             .await
             .map(|ran| ran.reply)
             .unwrap();
-        assert!(matches!(reply, Reply::InProgress), "{reply:?}");
+        assert!(matches!(reply, Reply::InProgress { .. }), "{reply:?}");
         assert_eq!(toy.bumps().await, 1, "a lost insert makes nothing");
         let _ = go_tx.send(());
     };
