@@ -100,6 +100,7 @@ impl Application {
         let state = web::Data::new(state);
         let (orders, limit) = (state.orders.clone(), state.limit.clone());
         let cors_origins = settings.http.cors_origins.clone();
+        let key_life = settings.idempotency.ttl();
         let mut server = HttpServer::new(move || {
             App::new()
                 .wrap(http::cors::cors(&cors_origins))
@@ -107,7 +108,7 @@ impl Application {
                 .wrap(from_fn(telemetry::log_request))
                 .wrap(from_fn(http::watch::track))
                 .app_data(state.clone())
-                .configure(http::routes)
+                .configure(http::routes(key_life))
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.server.shutdown_timeout_secs)

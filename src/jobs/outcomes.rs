@@ -22,13 +22,11 @@ use futures_util::StreamExt;
 use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::checkout::orders::outbox::{self, Due, Leased};
+use crate::checkout::orders::outbox::{self, Due, Leased, SIGNATURE_HEADER};
 use crate::config::OutcomesSettings;
 use crate::db::DbError;
 use crate::observe::{labels, Counter, Gauge, Histogram, Metric};
 
-/// The header the shop checks.
-pub const SIGNATURE_HEADER: &str = "Stagedoor-Signature";
 /// Events leased per run, and deliveries in flight at once.
 const BATCH: i64 = 100;
 const CONCURRENCY: usize = 16;

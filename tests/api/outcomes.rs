@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use stagedoor_checkout::config::Settings;
 use test_support::receiver::{Mode, Received, Receiver};
 
+use crate::cli;
 use crate::helpers::{
     new_key, order_body, spawn_app_with, spawn_app_with_events, unix_now, TestApp, OUTCOMES_SECRET,
 };
@@ -343,7 +344,7 @@ async fn a_shop_that_answers_2xx_after_the_timeout_gets_it_again_under_the_same_
 }
 
 #[tokio::test]
-async fn a_shop_down_past_the_retries_has_its_event_given_up_and_counted() {
+async fn a_shop_down_past_the_retries_has_its_event_given_up_counted_and_resent_by_hand() {
     let receiver = Receiver::start().await;
     receiver.set(Mode::Answer(500));
     let deliver = deliver_to(&receiver);
@@ -382,7 +383,48 @@ async fn a_shop_down_past_the_retries_has_its_event_given_up_and_counted() {
     // Given up: not sent again.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(of_order(&receiver.received(), &order_id).len(), tried);
-    assert_invariants(&app).await;
+
+    // The operator sees it, and once the shop is back, sends it again.
+    let shown = cli::run(
+        &app,
+        &["outcomes", "show", "--user", "alice", "--order", &order_id],
+        &[],
+    )
+    .await;
+    assert_eq!(shown.status.code(), Some(0), "{shown:?}");
+    let document: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(document["event"]["state"], "given_up", "{document}");
+    assert_eq!(document["event"]["type"], "order.paid");
+    assert!(
+        document["event"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("500"),
+        "{document}"
+    );
+    receiver.set(Mode::Accept);
+    let resent = cli::run(
+        &app,
+        &[
+            "outcomes", "resend", "--user", "alice", "--order", &order_id,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(resent.status.code(), Some(0), "{resent:?}");
+    let document: Value = serde_json::from_slice(&resent.stdout).unwrap();
+    assert_eq!(document["event"]["state"], "pending", "{document}");
+    let carried = delivered(&receiver, &order_id, Duration::from_secs(10)).await;
+    assert_one_event_delivered(&app, &receiver, &order_id, &carried).await;
+
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let none = cli::run(
+        &app,
+        &["outcomes", "show", "--user", "alice", "--order", &unknown],
+        &[],
+    )
+    .await;
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,8 +53,12 @@ impl<'a> FromSql<'a> for EventType {
     }
 }
 
-/// What the shop receives (`POST` to `outcomes.webhook_url`, signed with
-/// `Stagedoor-Signature`).
+/// The header that signs an event (`crate::signature`'s scheme), which
+/// the shop checks.
+pub const SIGNATURE_HEADER: &str = "Stagedoor-Signature";
+
+/// An order event, as the shop receives it: `POST`ed to
+/// `outcomes.webhook_url`, signed in `Stagedoor-Signature`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OrderEvent {
     /// `evt_…`: the same on every delivery of the event, so that the shop
@@ -333,12 +337,12 @@ pub async fn of_order(
 /// Makes an order's event due again now, delivered or given up alike,
 /// with its retries counted afresh; the same event, under the same id.
 /// An attempt in progress keeps going, but writes no failure over this.
-/// False when the order has no event.
+/// An order without an event is left as it is.
 pub async fn resend(
     client: &impl GenericClient,
     user_id: &str,
     order_id: Uuid,
-) -> Result<bool, DbError> {
+) -> Result<(), DbError> {
     let statement = client
         .prepare_cached(
             "UPDATE order_events
@@ -347,5 +351,6 @@ pub async fn resend(
              WHERE user_id = $1 AND order_id = $2",
         )
         .await?;
-    Ok(client.execute(&statement, &[&user_id, &order_id]).await? == 1)
+    client.execute(&statement, &[&user_id, &order_id]).await?;
+    Ok(())
 }
