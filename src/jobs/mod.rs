@@ -56,9 +56,10 @@ impl Jobs {
             }),
         ];
         if let Some(outcomes) = outcomes {
+            let stop = cancel.clone();
             tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
-                let outcomes = outcomes.clone();
-                async move { outcomes.run_logged().await }
+                let (outcomes, stop) = (outcomes.clone(), stop.clone());
+                async move { outcomes.run_logged(&stop).await }
             }));
         }
         Self { cancel, tasks }

@@ -1,10 +1,12 @@
 //! Delivers the order events (`checkout::orders::outbox`) to the shop's
 //! `outcomes.webhook_url`, at least once each, under the event's own id.
 //!
-//! Each run reads the due events, leases each with one conditional update
-//! (so that of several instances one sends it, and no two at once: the
-//! lease outlasts the delivery's timeout), then `POST`s it signed with
+//! Each run reads the due events, a batch at a time, and for each, just
+//! before sending it, leases it with one conditional update (so that of
+//! several instances one sends it, and no two at once: the lease outlasts
+//! the delivery's timeout), then `POST`s it signed with
 //! `Stagedoor-Signature` (the scheme of `crate::signature`, Payrail's).
+//! No connection is held while the shop is being called.
 //! A 2xx marks it delivered. Anything else (another status, a refused
 //! connection, the timeout) schedules the next attempt, the wait doubling
 //! from a second to `outcomes.max_backoff_secs`, until the event has been
@@ -21,13 +23,15 @@ use deadpool_postgres::Pool;
 use futures_util::StreamExt;
 use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use secrecy::{ExposeSecret, SecretString};
+use tokio_util::sync::CancellationToken;
 
 use crate::checkout::orders::outbox::{self, Due, Leased, SIGNATURE_HEADER};
 use crate::config::OutcomesSettings;
 use crate::db::DbError;
 use crate::observe::{labels, Counter, Gauge, Histogram, Metric};
 
-/// Events leased per run, and deliveries in flight at once.
+/// Due events read at once (a run reads batches until one is not full),
+/// and deliveries in flight at once.
 const BATCH: i64 = 100;
 const CONCURRENCY: usize = 16;
 /// The first retry's wait; each failure doubles it.
@@ -88,6 +92,8 @@ pub struct Outcomes {
 /// How one leased event's delivery ended, as written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ended {
+    /// Another instance leased it first (or its order is gone).
+    Skipped,
     Delivered,
     /// Failed, and due again later.
     Failed,
@@ -124,21 +130,31 @@ impl Outcomes {
         }))
     }
 
-    /// Leases the due events and delivers them, at most [`CONCURRENCY`]
-    /// at a time.
-    pub async fn run(&self) -> Result<Report, DbError> {
-        let leased = self.lease_due().await?;
-        let results: Vec<Ended> = futures_util::stream::iter(leased)
-            .map(|leased| self.deliver(leased))
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        let count = |wanted| results.iter().filter(|r| **r == wanted).count();
-        let report = Report {
-            delivered: count(Ended::Delivered),
-            failed: count(Ended::Failed),
-            given_up: count(Ended::GaveUp),
-        };
+    /// Delivers the due events, at most [`CONCURRENCY`] at a time, a batch
+    /// after another until one is not full (a backlog drains at the pace
+    /// the shop takes it) or `stop` is cancelled (a shutdown waits for one
+    /// batch, not for the backlog).
+    pub async fn run(&self, stop: &CancellationToken) -> Result<Report, DbError> {
+        let mut report = Report::default();
+        loop {
+            let due = {
+                let client = self.pool.get().await?;
+                outbox::due(&client, BATCH).await?
+            };
+            let full = due.len() as i64 == BATCH;
+            let results: Vec<Ended> = futures_util::stream::iter(due)
+                .map(|due| self.deliver_due(due))
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            let count = |wanted| results.iter().filter(|r| **r == wanted).count();
+            report.delivered += count(Ended::Delivered);
+            report.failed += count(Ended::Failed);
+            report.given_up += count(Ended::GaveUp);
+            if !full || stop.is_cancelled() {
+                break;
+            }
+        }
         let client = self.pool.get().await?;
         let (pending, oldest) = outbox::backlog(&client).await?;
         PENDING.get().set(pending as f64);
@@ -146,8 +162,8 @@ impl Outcomes {
         Ok(report)
     }
 
-    pub async fn run_logged(&self) {
-        match self.run().await {
+    pub async fn run_logged(&self, stop: &CancellationToken) {
+        match self.run(stop).await {
             Ok(report) if report == Report::default() => {}
             Ok(report) => tracing::info!(
                 delivered = report.delivered,
@@ -161,16 +177,22 @@ impl Outcomes {
         }
     }
 
-    async fn lease_due(&self) -> Result<Vec<Leased>, DbError> {
-        let client = self.pool.get().await?;
-        let due: Vec<Due> = outbox::due(&client, BATCH).await?;
-        let mut leased = Vec::with_capacity(due.len());
-        for due in due {
-            if let Some(event) = outbox::lease(&client, &due, self.lease).await? {
-                leased.push(event);
+    /// Leases one due event, then delivers it: the lease starts when its
+    /// delivery does, so it outlasts it whatever came before in the batch.
+    async fn deliver_due(&self, due: Due) -> Ended {
+        let leased = async {
+            let client = self.pool.get().await?;
+            outbox::lease(&client, &due, self.lease).await
+        };
+        match leased.await {
+            Ok(Some(leased)) => self.deliver(leased).await,
+            Ok(None) => Ended::Skipped,
+            Err(error) => {
+                tracing::warn!(order_id = %due.order_id, error = %anyhow::Error::from(error),
+                               "an order event could not be leased");
+                Ended::Failed
             }
         }
-        Ok(leased)
     }
 
     /// Sends one event and writes what came of it. A result that cannot be
