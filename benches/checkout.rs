@@ -10,7 +10,7 @@
 //! `--quick` runs every scenario briefly (CI); the default runs them long
 //! enough to trust. Naming scenarios runs only those (figures that need a
 //! missing one are left out): orders, replay, mirror, storm, payrail, redis,
-//! keyrows, cleanup, rss, lost_answers, abuse.
+//! keyrows, cleanup, rss, lost_answers, abuse, outcomes.
 //!
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
@@ -31,6 +31,8 @@ mod fixtures;
 mod load;
 #[path = "checkout/lost_answers.rs"]
 mod lost_answers;
+#[path = "checkout/outcomes.rs"]
+mod outcomes;
 #[path = "checkout/postgres.rs"]
 mod postgres;
 #[path = "checkout/report.rs"]
@@ -111,6 +113,7 @@ pub const SCENARIOS: &[&str] = &[
     "lost_answers",
     "abuse",
     "shards",
+    "outcomes",
 ];
 
 /// What `--citus` runs when no scenario is named.
@@ -263,6 +266,9 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     }
     if wants("mirror") {
         scenarios::mirror(&mut bench).await;
+    }
+    if wants("outcomes") {
+        outcomes::outcomes(&mut bench).await;
     }
     if wants("storm") {
         capacity::storm(&mut bench, &app.url, "", false).await;
