@@ -220,14 +220,12 @@ impl Outcomes {
                 Ok(status) => format!("answered {status}"),
                 Err(error) => error.to_string(),
             };
-            let held = outbox::failed(
-                &client,
-                &leased,
-                delay(leased.attempts, self.max_backoff),
-                give_up,
-                &error,
-            )
-            .await?;
+            let held = if give_up {
+                outbox::given_up(&client, &leased, &error).await?
+            } else {
+                let retry_in = delay(leased.attempts, self.max_backoff);
+                outbox::failed(&client, &leased, retry_in, &error).await?
+            };
             if held && give_up {
                 GIVEN_UP.get().increment(1);
                 tracing::warn!(

@@ -331,6 +331,10 @@ async fn a_shop_that_answers_2xx_after_the_timeout_gets_it_again_under_the_same_
         .await;
     let late = of_order(&late, order_id);
     assert!(late.len() >= 2, "sent again after the late 200: {late:?}");
+    // The timeout was recorded as a failure: the retry came after the
+    // backoff (1 s), not after the lease ran out (the timeout and 5 s).
+    let gap = late[1].at - late[0].at;
+    assert!(gap < Duration::from_secs(3), "retried after {gap:?}");
     receiver.set(Mode::Accept);
     let carried = receiver
         .until(Duration::from_secs(10), |r| {

@@ -80,13 +80,14 @@ pub struct OrderEventData {
     pub user_id: String,
 }
 
-/// An event due for a delivery, as the due read saw it: whose, and the
-/// lease token a claim must find unchanged.
+/// An event due for a delivery, as the due read saw it: whose, the lease
+/// token a claim must find unchanged, and how long its retries have run.
 #[derive(Debug)]
 pub struct Due {
     pub user_id: String,
     pub order_id: Uuid,
     lease_token: i64,
+    retrying_for: Duration,
 }
 
 /// An event leased for one delivery: its body, the attempts so far (this
@@ -123,7 +124,9 @@ pub struct Record {
 pub async fn due(client: &impl GenericClient, limit: i64) -> Result<Vec<Due>, DbError> {
     let statement = client
         .prepare_cached(
-            "SELECT user_id, order_id, lease_token FROM order_events
+            "SELECT user_id, order_id, lease_token,
+                    extract(epoch FROM now() - retry_from)::float8 AS retrying_for
+             FROM order_events
              WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= now()
              ORDER BY next_attempt_at
              LIMIT $1",
@@ -138,6 +141,7 @@ pub async fn due(client: &impl GenericClient, limit: i64) -> Result<Vec<Due>, Db
                 user_id: row.try_get(0)?,
                 order_id: row.try_get(1)?,
                 lease_token: row.try_get(2)?,
+                retrying_for: Duration::try_from_secs_f64(row.try_get(3)?).unwrap_or_default(),
             })
         })
         .collect()
@@ -146,7 +150,8 @@ pub async fn due(client: &impl GenericClient, limit: i64) -> Result<Vec<Due>, Db
 /// Leases a due event for `lease` (one delivery's time and a margin): one
 /// conditional update of that event, won only if nobody has leased it since
 /// it was read, so of several instances that read it one sends it. `None`
-/// when another won, or its order is gone.
+/// when another won, or its order is gone. (It returns columns only: a
+/// distributed table's `RETURNING` takes no `now()`.)
 pub async fn lease(
     client: &impl GenericClient,
     due: &Due,
@@ -159,8 +164,7 @@ pub async fn lease(
                  next_attempt_at = now() + make_interval(secs => $5)
              WHERE user_id = $1 AND order_id = $2 AND lease_token = $3
                AND delivered_at IS NULL AND given_up_at IS NULL
-             RETURNING event_id, type, extract(epoch FROM created_at)::bigint AS created,
-                       attempts, extract(epoch FROM now() - retry_from)::float8 AS retrying_for",
+             RETURNING event_id, type, created_at, attempts",
         )
         .await?;
     let token = new_token(due.lease_token);
@@ -188,7 +192,7 @@ pub async fn lease(
         order_id: due.order_id,
         event_id: event.id.clone(),
         attempts: row.try_get("attempts")?,
-        retrying_for: Duration::from_secs_f64(row.try_get::<_, f64>("retrying_for")?.max(0.0)),
+        retrying_for: due.retrying_for,
         body: body(&event),
         token,
     }))
@@ -205,11 +209,17 @@ fn new_token(previous: i64) -> i64 {
     }
 }
 
+/// The event of a leased row and its order. Its time is the row's, in
+/// whole seconds: the same on every delivery.
 fn event(row: &Row, order: Order, user_id: &str) -> Result<OrderEvent, DbError> {
+    let created: SystemTime = row.try_get("created_at")?;
+    let created = created
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs() as i64);
     Ok(OrderEvent {
         id: row.try_get("event_id")?,
         kind: row.try_get("type")?,
-        created: row.try_get("created")?,
+        created,
         data: OrderEventData {
             order,
             user_id: user_id.to_owned(),
@@ -238,13 +248,12 @@ pub async fn delivered(client: &impl GenericClient, leased: &Leased) -> Result<(
     Ok(())
 }
 
-/// The delivery failed: the next attempt in `retry_in`, or, when
-/// `give_up`, none. Written only while the lease is still this one's.
+/// The delivery failed: the next attempt in `retry_in`. Written only
+/// while the lease is still this one's; false when it is not.
 pub async fn failed(
     client: &impl GenericClient,
     leased: &Leased,
     retry_in: Duration,
-    give_up: bool,
     error: &str,
 ) -> Result<bool, DbError> {
     // The next attempt's delay is worked out in Rust: on Citus `now()` is
@@ -253,9 +262,7 @@ pub async fn failed(
     let statement = client
         .prepare_cached(
             "UPDATE order_events
-             SET next_attempt_at = now() + make_interval(secs => $4),
-                 given_up_at = CASE WHEN $5 THEN now() END,
-                 last_error = left($6, 200)
+             SET next_attempt_at = now() + make_interval(secs => $4), last_error = left($5, 200)
              WHERE user_id = $1 AND order_id = $2 AND lease_token = $3
                AND delivered_at IS NULL",
         )
@@ -268,9 +275,32 @@ pub async fn failed(
                 &leased.order_id,
                 &leased.token,
                 &retry_in.as_secs_f64(),
-                &give_up,
                 &error,
             ],
+        )
+        .await?;
+    Ok(updated == 1)
+}
+
+/// The delivery failed, and the event has been retried for as long as it
+/// may be: no attempt follows (until `resend`). Written only while the
+/// lease is still this one's; false when it is not.
+pub async fn given_up(
+    client: &impl GenericClient,
+    leased: &Leased,
+    error: &str,
+) -> Result<bool, DbError> {
+    let statement = client
+        .prepare_cached(
+            "UPDATE order_events SET given_up_at = now(), last_error = left($4, 200)
+             WHERE user_id = $1 AND order_id = $2 AND lease_token = $3
+               AND delivered_at IS NULL",
+        )
+        .await?;
+    let updated = client
+        .execute(
+            &statement,
+            &[&leased.user_id, &leased.order_id, &leased.token, &error],
         )
         .await?;
     Ok(updated == 1)
