@@ -218,7 +218,7 @@ impl Outcomes {
             let give_up = leased.retrying_for >= self.retry_for;
             let error = match &outcome {
                 Ok(status) => format!("answered {status}"),
-                Err(error) => error.to_string(),
+                Err(error) => failure(error),
             };
             let held = if give_up {
                 outbox::given_up(&client, &leased, &error).await?
@@ -269,6 +269,29 @@ impl Outcomes {
     }
 }
 
+/// What went wrong with a delivery that got no answer, for the log and
+/// `outcomes show`: what happened and its innermost cause, without the
+/// URL (a shop's URL may carry a token).
+fn failure(error: &reqwest::Error) -> String {
+    let what = if error.is_timeout() {
+        "no answer within outcomes.timeout_ms"
+    } else if error.is_connect() {
+        "could not connect"
+    } else {
+        "the connection failed before an answer"
+    };
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(error);
+    let mut innermost = None;
+    while let Some(source) = cause {
+        innermost = Some(source);
+        cause = source.source();
+    }
+    match innermost {
+        Some(source) => format!("{what}: {source}"),
+        None => what.to_owned(),
+    }
+}
+
 /// The wait after the `attempts`-th failed attempt: a second, doubled with
 /// every attempt, at most `ceiling` (`outcomes.max_backoff_secs`).
 fn delay(attempts: i32, ceiling: Duration) -> Duration {
@@ -287,5 +310,20 @@ mod tests {
             .map(|attempts| delay(attempts, Duration::from_secs(600)).as_secs())
             .collect();
         assert_eq!(waits, [1, 2, 4, 8, 512, 600, 600]);
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_told_without_the_shops_url() {
+        // Nothing listens on port 1 of the loopback.
+        let url = "http://127.0.0.1:1/events?token=shop-token";
+        let Err(error) = reqwest::Client::new().post(url).send().await else {
+            panic!("nothing listens there");
+        };
+        let told = failure(&error);
+        assert!(told.starts_with("could not connect"), "{told}");
+        assert!(
+            !told.contains("shop-token") && !told.contains("127.0.0.1"),
+            "{told}"
+        );
     }
 }
