@@ -588,6 +588,11 @@ mod tests {
         assert!(err.to_string().contains("outcomes.webhook_secret"), "{err}");
         settings.outcomes.webhook_secret = SecretString::from("x".repeat(31));
         assert!(settings.validate().is_err());
+        // The API tests' secret: published by the repository.
+        settings.outcomes.webhook_secret =
+            SecretString::from("stagedoor_events_test_0123456789abcdef");
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("outcomes.webhook_secret"), "{err}");
         settings.outcomes.webhook_secret = SecretString::from("an operator's own 32-byte secret!");
         assert!(settings.validate().is_ok());
         settings.outcomes.webhook_url = "http://shop.example/stagedoor/events".into();
