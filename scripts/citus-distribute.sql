@@ -5,7 +5,9 @@
 -- A click's rows are the buyer's: `orders` and `idempotency_keys` are
 -- distributed by `user_id`, co-located, so the claim, the order, the
 -- settlement and the answer of one click are on one shard of one worker.
--- The engine's claim function goes with them, delegated by the buyer.
+-- The engine's claim function goes with them, delegated by the buyer, and
+-- so does the outbox of order events (`order_events`), which the
+-- settlement writes with the order.
 --
 -- The seat side (events, seats, holds) stays on the coordinator. A seat is
 -- contended by every buyer, so it cannot live on a buyer's shard; as a
@@ -30,6 +32,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_keys'::regclass) THEN
         PERFORM create_distributed_table('idempotency_keys', 'user_id', colocate_with => 'orders');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'order_events'::regclass) THEN
+        PERFORM create_distributed_table('order_events', 'user_id', colocate_with => 'orders');
     END IF;
     -- The claim (the engine's V3) runs whole on the worker that holds the
     -- buyer's shard: its first argument is the key's `user_id`. So do what

@@ -1,6 +1,7 @@
 //! The command line: `serve` (the default) and the admin commands.
 
 mod keys;
+mod outcomes;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -67,14 +68,21 @@ enum Command {
         #[command(subcommand)]
         command: keys::KeysCommand,
     },
+    /// Show an order's event for the shop, or send it again.
+    ///
+    /// Exit status: 0 found or done, 1 the order has no event, 3 failed.
+    Outcomes {
+        #[command(subcommand)]
+        command: outcomes::OutcomesCommand,
+    },
 }
 
 impl Cli {
-    /// The exit status of a command that failed: 3 for `keys`, whose 1 means
-    /// "no such key", else 1.
+    /// The exit status of a command that failed: 3 for `keys` and
+    /// `outcomes`, whose 1 means "no such key" or "no such event", else 1.
     pub fn failure(&self) -> ExitCode {
         match self.command {
-            Some(Command::Keys { .. }) => ExitCode::from(keys::FAILED),
+            Some(Command::Keys { .. } | Command::Outcomes { .. }) => ExitCode::from(keys::FAILED),
             _ => ExitCode::FAILURE,
         }
     }
@@ -132,6 +140,7 @@ async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Keys { command } => return keys::run(command, &settings).await,
+        Command::Outcomes { command } => return outcomes::run(command, &settings).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -12,5 +12,6 @@ pub mod jobs; // background tasks: key cleanup, order reconciliation
 pub mod observe; // metric names and the /metrics renderer
 pub mod payrail; // the Payrail client and its circuit breaker
 pub mod readiness; // /readyz's database check, one at a time
+pub mod signature; // the t.body HMAC of webhook events, checked (Payrail's) and made (ours)
 pub mod startup; // Application::build / run_until_stopped
 pub mod telemetry; // tracing subscriber

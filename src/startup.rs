@@ -24,7 +24,7 @@ use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::payrail_events::{self, PayrailEvents};
 use crate::http::{self, AppState};
-use crate::jobs::{cleanup, reconcile, Jobs};
+use crate::jobs::{cleanup, outcomes, reconcile, Jobs};
 use crate::payrail;
 use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
@@ -51,6 +51,7 @@ impl Application {
             auth::METRICS,
             cleanup::METRICS,
             reconcile::METRICS,
+            outcomes::METRICS,
             payrail::METRICS,
             payrail_events::METRICS,
         ]);
@@ -86,6 +87,8 @@ impl Application {
             EmbeddedSandbox::base_url,
         );
         let mut state = state(&settings, pool.clone(), &payrail_url).await?;
+        let outcomes = outcomes::Outcomes::new(pool.clone(), &settings.outcomes)
+            .context("the order events' HTTP client (outcomes.*)")?;
         let key_refresh = match KeySource::from_settings(&settings.auth) {
             Some(source) => {
                 let provider = Provider::new(source, &settings.auth)?;
@@ -97,6 +100,7 @@ impl Application {
         let state = web::Data::new(state);
         let (orders, limit) = (state.orders.clone(), state.limit.clone());
         let cors_origins = settings.http.cors_origins.clone();
+        let key_life = settings.idempotency.ttl();
         let mut server = HttpServer::new(move || {
             App::new()
                 .wrap(http::cors::cors(&cors_origins))
@@ -104,7 +108,7 @@ impl Application {
                 .wrap(from_fn(telemetry::log_request))
                 .wrap(from_fn(http::watch::track))
                 .app_data(state.clone())
-                .configure(http::routes)
+                .configure(http::routes(key_life))
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
@@ -121,7 +125,7 @@ impl Application {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
-        let jobs = Jobs::spawn(pool.clone(), orders, limit, &settings);
+        let jobs = Jobs::spawn(pool.clone(), orders, limit, outcomes, &settings);
         tracing::info!(port, environment = %settings.environment, "stagedoor checkout listening");
         Ok(Self {
             port,

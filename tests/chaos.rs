@@ -8,7 +8,11 @@
 //! every click is retried with its own key until it has an answer, then
 //! the database and Payrail's ledger are checked against the invariants
 //! (docs/DESIGN.md, "What always holds") and against every answer the
-//! buyers saw; on Citus no node may keep a prepared transaction.
+//! buyers saw; on Citus no node may keep a prepared transaction. The
+//! instances deliver their order events to a shop's endpoint that fails,
+//! answers late and drops connections on a schedule of its own: at the end
+//! every settled order's one event has been delivered, and every event the
+//! shop acknowledged is its order's, in the order's state.
 //!
 //! ```sh
 //! CHAOS_SECS=300 cargo test --release --test chaos -- --nocapture
@@ -55,10 +59,15 @@ use test_support::{invariants, sandbox, Rng};
 
 use cluster::{SandboxProcess, Services, Store};
 use load::{buyer_name, Click, Seats, Shop};
-use monkey::{CrashSchedule, FaultSchedule, KillSchedule, Monkey};
+use monkey::{CrashSchedule, FaultSchedule, KillSchedule, Monkey, ShopSchedule};
+use test_support::receiver::Receiver;
 
 /// The service's Payrail timeout; the latency faults exceed it.
 const PAYRAIL_TIMEOUT_MS: u64 = 800;
+/// The order events' delivery timeout; the shop's late answers exceed it.
+const EVENTS_TIMEOUT_MS: u64 = 500;
+/// What the order events are signed with in the chaos run.
+const EVENTS_SECRET: &str = "stagedoor_chaos_events_0123456789abcdef";
 /// How long the end may take to get every click an answer, and to settle
 /// every pending order.
 const FINISH_WITHIN: Duration = Duration::from_secs(60);
@@ -155,9 +164,14 @@ fn test_layer() -> Settings {
 }
 
 /// The environment of every service process (and of the `seed` command):
-/// the test layer, then this run's database, sandbox, sizes and faster
-/// jobs, breaker and lease.
-fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, String)> {
+/// the test layer, then this run's database, sandbox, shop, sizes and
+/// faster jobs, breaker and lease.
+fn service_env(
+    store: &Store,
+    sandbox: &str,
+    shop: &str,
+    profile: &Profile,
+) -> Vec<(String, String)> {
     let config = format!("{}/config", env!("CARGO_MANIFEST_DIR"));
     let hold_ttl = (profile.secs + 600).to_string();
     let log = std::env::var("CHAOS_SERVICE_LOG").unwrap_or_else(|_| "warn".to_owned());
@@ -190,6 +204,14 @@ fn service_env(store: &Store, sandbox: &str, profile: &Profile) -> Vec<(String, 
         ("STAGEDOOR__RECONCILE__INTERVAL_SECS", "1"),
         ("STAGEDOOR__RECONCILE__GRACE_SECS", "2"),
         ("STAGEDOOR__HOLDS__TTL_SECS", hold_ttl.as_str()),
+        ("STAGEDOOR__OUTCOMES__WEBHOOK_URL", shop),
+        ("STAGEDOOR__OUTCOMES__WEBHOOK_SECRET", EVENTS_SECRET),
+        (
+            "STAGEDOOR__OUTCOMES__TIMEOUT_MS",
+            &EVENTS_TIMEOUT_MS.to_string(),
+        ),
+        ("STAGEDOOR__OUTCOMES__POLL_MS", "200"),
+        ("STAGEDOOR__OUTCOMES__MAX_BACKOFF_SECS", "2"),
         ("RUST_LOG", log.as_str()),
     ]
     .iter()
@@ -230,7 +252,13 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     // where to send its events (the first instance, killed now and then
     // like the others, so events are retried until it is back).
     let sandbox_port = test_support::process::free_port();
-    let env = service_env(store, &format!("http://127.0.0.1:{sandbox_port}"), profile);
+    let shop_events = Arc::new(Receiver::start().await);
+    let env = service_env(
+        store,
+        &format!("http://127.0.0.1:{sandbox_port}"),
+        &shop_events.url(),
+        profile,
+    );
     let services = Arc::new(Services::new(scratch, profile.instances, env));
     let events_url = format!("{}/payrail/events", services.urls[0]);
     let layer = test_layer();
@@ -299,6 +327,11 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
             FaultSchedule::new(profile.seed, PAYRAIL_TIMEOUT_MS),
             chaos_ends,
         )),
+        tokio::spawn(monkey.clone().shop(
+            shop_events.clone(),
+            ShopSchedule::new(profile.seed, EVENTS_TIMEOUT_MS),
+            chaos_ends,
+        )),
         tokio::spawn(monkey.clone().kills(
             services.clone(),
             KillSchedule::new(profile.seed, services.len()),
@@ -363,6 +396,17 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     while count(&db, pending_sql).await > 0 && Instant::now() < settle_by {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let undelivered_sql = "SELECT count(*) FROM order_events WHERE delivered_at IS NULL";
+    while count(&db, undelivered_sql).await > 0 && Instant::now() < settle_by {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let received = shop_events.received();
+    monkey.say(&format!(
+        "the shop's event endpoint read {} deliveries of {} events, acknowledged {}",
+        received.len(),
+        count(&db, "SELECT count(*) FROM order_events").await,
+        received.iter().filter(|r| r.acknowledged()).count()
+    ));
     monkey.say("settled; checking");
     if !workers.is_empty() {
         // What the crashes left prepared and the recovery after each did not
@@ -383,6 +427,26 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     let orders = load::db_orders(&db).await;
     let mut violations = invariants::violations(&db, &ledger).await;
     violations.extend(load::check_clicks(&clicks, &orders, &ledger));
+    // Every settled order's one event reached the shop (`violations` has
+    // checked there is one, of its state), and everything the shop
+    // acknowledged is such an event.
+    for row in db
+        .query(
+            "SELECT order_id::text, event_id, attempts, last_error FROM order_events
+             WHERE delivered_at IS NULL",
+            &[],
+        )
+        .await
+        .expect("undelivered events")
+    {
+        let (order_id, event_id, attempts, error): (String, String, i32, Option<String>) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        violations.push(format!(
+            "event {event_id} of order {order_id} never delivered ({attempts} attempts, \
+             last error {error:?})"
+        ));
+    }
+    violations.extend(invariants::events_violations(&db, &received).await);
     violations.extend(
         shop.seen_violations
             .lock()

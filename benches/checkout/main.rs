@@ -10,7 +10,7 @@
 //! `--quick` runs every scenario briefly (CI); the default runs them long
 //! enough to trust. Naming scenarios runs only those (figures that need a
 //! missing one are left out): orders, replay, mirror, storm, payrail, redis,
-//! keyrows, cleanup, rss, lost_answers, abuse.
+//! keyrows, cleanup, rss, lost_answers, abuse, outcomes.
 //!
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
@@ -25,6 +25,7 @@ mod cpu;
 mod fixtures;
 mod load;
 mod lost_answers;
+mod outcomes;
 mod postgres;
 mod report;
 mod scenarios;
@@ -99,6 +100,7 @@ pub const SCENARIOS: &[&str] = &[
     "lost_answers",
     "abuse",
     "shards",
+    "outcomes",
 ];
 
 /// What `--citus` runs when no scenario is named.
@@ -252,6 +254,9 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     }
     if wants("mirror") {
         scenarios::mirror(&mut bench).await;
+    }
+    if wants("outcomes") {
+        outcomes::outcomes(&mut bench).await;
     }
     if wants("storm") {
         capacity::storm(&mut bench, &app.url, "", false).await;

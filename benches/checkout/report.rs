@@ -48,6 +48,7 @@ const TARGETS: &[(&str, Rule)] = &[
     ("abuse_honest_refused", Rule::Max(0.0)),
     ("abuse_double_charges", Rule::Max(0.0)),
     ("abuse_seats_sold_twice", Rule::Max(0.0)),
+    ("outbox_order_ratio", Rule::Min(0.95)),
 ];
 
 /// On the Citus cluster these replace the targets of the same name
@@ -77,6 +78,10 @@ const ORDER: &[&str] = &[
     "order_rps_mirror",
     "order_rps_no_idempotency",
     "idempotency_ratio",
+    "order_rps_outbox_on",
+    "order_rps_outbox_off",
+    "outbox_order_ratio",
+    "outbox_delivery_events_per_s",
     "statements_per_order",
     "commits_per_order",
     "payrail_400ms_rps",

@@ -22,7 +22,7 @@ use crate::{postgres, Bench};
 /// Concurrency of the fixed-concurrency runs.
 pub const CONCURRENCY: usize = 64;
 /// Unmeasured start of each segment of an alternating comparison.
-const SEGMENT_WARMUP: Duration = Duration::from_millis(500);
+pub const SEGMENT_WARMUP: Duration = Duration::from_millis(500);
 
 /// One stored 201 and the request that replays it.
 pub struct Stored {

@@ -217,6 +217,7 @@ pub async fn mirror(settings: &Settings) -> Plain {
             .expect("payrail client"),
     );
     let cors_origins = settings.http.cors_origins.clone();
+    let key_life = settings.idempotency.ttl();
     serve(settings, move || {
         App::new()
             .wrap(http::cors::cors(&cors_origins))
@@ -228,7 +229,7 @@ pub async fn mirror(settings: &Settings) -> Plain {
                 "/bench/orders-without-key",
                 web::post().to(order_without_key),
             )
-            .configure(http::routes)
+            .configure(http::routes(key_life))
             .default_service(web::to(http::not_found))
     })
 }

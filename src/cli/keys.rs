@@ -24,9 +24,9 @@ use crate::config::Settings;
 use crate::db;
 
 /// The key was found, or the purge was done.
-const FOUND: u8 = 0;
+pub(super) const FOUND: u8 = 0;
 /// There is no such key (never sent, purged, or deleted by the cleanup).
-const NOT_FOUND: u8 = 1;
+pub(super) const NOT_FOUND: u8 = 1;
 /// The purge was refused: the key stays. (clap's bad arguments are 2 too.)
 const REFUSED: u8 = 2;
 /// The command could not answer (the database, the settings).
@@ -123,7 +123,7 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
     Ok(ExitCode::from(status))
 }
 
-fn print(document: &impl Serialize) -> anyhow::Result<()> {
+pub(super) fn print(document: &impl Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(document)?);
     Ok(())
 }

@@ -70,6 +70,7 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub redis: RedisSettings,
     pub reconcile: ReconcileSettings,
+    pub outcomes: OutcomesSettings,
     pub holds: HoldSettings,
     pub http: HttpSettings,
     pub demo: DemoSettings,
@@ -198,6 +199,44 @@ pub struct ReconcileSettings {
     /// How long after its first attempt an undecided order is canceled at
     /// Payrail and then `failed`.
     pub give_up_secs: u64,
+}
+
+/// The shop's order events (`jobs::outcomes`): where they go, how they
+/// are signed, and how long a delivery is tried.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OutcomesSettings {
+    /// Where each order event is `POST`ed; empty = not delivered (the
+    /// events are still written, and wait).
+    pub webhook_url: String,
+    /// What `Stagedoor-Signature` is made with; at least 32 bytes,
+    /// required with a URL.
+    pub webhook_secret: SecretString,
+    /// One delivery's limit, connection to answer.
+    pub timeout_ms: u64,
+    /// How often an instance looks for events due.
+    pub poll_ms: u64,
+    /// The longest wait between two attempts (the wait doubles from 1 s).
+    pub max_backoff_secs: u64,
+    /// How long an event is retried before it is given up.
+    pub retry_for_secs: u64,
+}
+
+impl OutcomesSettings {
+    pub fn enabled(&self) -> bool {
+        !self.webhook_url.is_empty()
+    }
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+    pub fn poll(&self) -> Duration {
+        Duration::from_millis(self.poll_ms)
+    }
+    pub fn max_backoff(&self) -> Duration {
+        Duration::from_secs(self.max_backoff_secs)
+    }
+    pub fn retry_for(&self) -> Duration {
+        Duration::from_secs(self.retry_for_secs)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -539,6 +578,30 @@ mod tests {
             settings.environment = "local".into();
             assert!(settings.validate().is_ok(), "{key}");
         }
+    }
+
+    #[test]
+    fn order_events_need_a_secret_of_32_bytes_beside_their_url() {
+        let mut settings = production();
+        settings.outcomes.webhook_url = "https://shop.example/stagedoor/events".into();
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("outcomes.webhook_secret"), "{err}");
+        settings.outcomes.webhook_secret = SecretString::from("x".repeat(31));
+        assert!(settings.validate().is_err());
+        // The API tests' secret: published by the repository.
+        settings.outcomes.webhook_secret =
+            SecretString::from("stagedoor_events_test_0123456789abcdef");
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("outcomes.webhook_secret"), "{err}");
+        settings.outcomes.webhook_secret = SecretString::from("an operator's own 32-byte secret!");
+        assert!(settings.validate().is_ok());
+        settings.outcomes.webhook_url = "http://shop.example/stagedoor/events".into();
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("outcomes.webhook_url"), "{err}");
+        settings.outcomes.webhook_url.clear();
+        settings.outcomes.timeout_ms = 0;
+        let err = settings.validate().unwrap_err();
+        assert!(err.to_string().contains("outcomes.timeout_ms"), "{err}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ impl Settings {
         self.validate_auth()?;
         self.validate_production_secrets()?;
         self.validate_transport()?;
+        self.validate_outcomes()?;
         let webhook_secret = self.payrail.webhook_secret.expose_secret();
         if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
             return invalid(
@@ -189,6 +190,7 @@ impl Settings {
             ("auth.jwt_secret", &self.auth.jwt_secret),
             ("payrail.api_key", &self.payrail.api_key),
             ("payrail.webhook_secret", &self.payrail.webhook_secret),
+            ("outcomes.webhook_secret", &self.outcomes.webhook_secret),
             ("database.url", &self.database.url),
             ("redis.url", &self.redis.url),
         ];
@@ -205,6 +207,50 @@ impl Settings {
         Ok(())
     }
 
+    /// The order events: a URL needs a secret the shop can check them with,
+    /// and every bound of a delivery is one a shop's endpoint can meet.
+    fn validate_outcomes(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        let outcomes = &self.outcomes;
+        let url = &outcomes.webhook_url;
+        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+            return invalid(
+                "outcomes.webhook_url",
+                "must start with http:// or https://".into(),
+            );
+        }
+        let secret = outcomes.webhook_secret.expose_secret();
+        if outcomes.enabled() && secret.len() < 32 {
+            return invalid(
+                "outcomes.webhook_secret",
+                "must be at least 32 bytes when outcomes.webhook_url is set (the shop \
+                 believes what it signs); generate one, e.g. `openssl rand -hex 32`"
+                    .into(),
+            );
+        }
+        let bounded: [(&'static str, u64, std::ops::RangeInclusive<u64>); 3] = [
+            ("outcomes.timeout_ms", outcomes.timeout_ms, 100..=60_000),
+            ("outcomes.poll_ms", outcomes.poll_ms, 100..=60_000),
+            (
+                "outcomes.max_backoff_secs",
+                outcomes.max_backoff_secs,
+                1..=3_600,
+            ),
+        ];
+        for (key, value, range) in bounded {
+            if !range.contains(&value) {
+                return invalid(
+                    key,
+                    format!("must be from {} to {}", range.start(), range.end()),
+                );
+            }
+        }
+        if outcomes.retry_for_secs == 0 {
+            return invalid("outcomes.retry_for_secs", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
     /// Production reaches Payrail and the identity provider over HTTPS only.
     /// Over `http://`, anyone on the path reads the Payrail API key, can
     /// answer a charge as "succeeded" without moving money, or serve a key
@@ -217,6 +263,8 @@ impl Settings {
             ("payrail.base_url", &self.payrail.base_url),
             ("auth.jwks_url", &self.auth.jwks_url),
             ("auth.oidc_issuer", &self.auth.oidc_issuer),
+            // The events carry the buyer's id and orders: not for the path to read.
+            ("outcomes.webhook_url", &self.outcomes.webhook_url),
         ] {
             if !url.is_empty() && !url.starts_with("https://") {
                 return Err(ConfigError::Invalid {

@@ -64,14 +64,17 @@ pub struct AppState {
 
 /// Every route: the API's operations, then the browser files. Each path
 /// answers its own methods, and 405 `method-not-allowed` with `Allow` for
-/// the others (actix alone would answer 404).
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.app_data(web::Data::new(openapi::Document::of(api)));
-    api(&mut ServiceConfig::new(cfg));
-    cfg.service(file("/demo/", demo::page))
-        .service(file("/demo", demo::redirect))
-        .service(file("/client/checkout.js", client::module))
-        .service(file("/client/checkout.d.ts", client::types));
+/// the others (actix alone would answer 404). `key_life` is
+/// `idempotency.ttl_secs`, which `/openapi.json` publishes.
+pub fn routes(key_life: Duration) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        cfg.app_data(web::Data::new(openapi::Document::of(api, key_life)));
+        api(&mut ServiceConfig::new(cfg));
+        cfg.service(file("/demo/", demo::page))
+            .service(file("/demo", demo::redirect))
+            .service(file("/client/checkout.js", client::module))
+            .service(file("/client/checkout.d.ts", client::types));
+    }
 }
 
 /// The API: each operation registered once, with the problems it answers

@@ -7,6 +7,7 @@
 //! than written out per handler.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use actix_web::http::header::ContentType;
 use actix_web::web::{self, Bytes};
@@ -14,14 +15,19 @@ use actix_web::{get, App, HttpResponse};
 use idempotency::actix::{PREFERENCE_APPLIED, REPLAYED};
 use utoipa::openapi::header::Header;
 use utoipa::openapi::link::LinkBuilder;
-use utoipa::openapi::path::{Operation, ParameterIn};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::path::{
+    HttpMethod, Operation, OperationBuilder, ParameterBuilder, ParameterIn, PathItem,
+};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::Required;
 use utoipa::openapi::{Content, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
 use super::problem::{Carries, Entry, Kind, ProblemDetails, CONTENT_TYPE};
+use crate::checkout::orders::outbox::{OrderEvent, SIGNATURE_HEADER};
 
 /// The name of the bearer-token scheme the handlers' `security(...)` name.
 const BEARER: &str = "bearer";
@@ -40,8 +46,8 @@ const BEARER: &str = "bearer";
     // Relative: the API is at the root of wherever this document was fetched
     // from (a local run, a container, behind a proxy that keeps the paths).
     servers((url = "/", description = "The instance that serves this document")),
-    components(schemas(ProblemDetails)),
-    modifiers(&BearerAuth),
+    components(schemas(ProblemDetails, OrderEvent)),
+    modifiers(&BearerAuth, &OrderOutcomes),
     tags(
         (name = "seats", description = "Events and their seat maps"),
         (name = "holds", description = "A buyer's claim on a seat until it expires"),
@@ -75,21 +81,125 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Declares the order events this service sends the shop (OpenAPI 3.1
+/// `webhooks`): what `jobs::outcomes` `POST`s to `outcomes.webhook_url`.
+struct OrderOutcomes;
+
+impl Modify for OrderOutcomes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let signature = ParameterBuilder::new()
+            .name(SIGNATURE_HEADER)
+            .parameter_in(ParameterIn::Header)
+            .required(Required::True)
+            .schema(Some(String::schema()))
+            .example(Some(serde_json::json!(
+                "t=1764846000,v1=6c0f8e5b2d4a1c9e7f3b5d8a0c2e4f6a8b1d3f5e7a9c0b2d4f6e8a1c3e5f7b9d"
+            )))
+            .description(Some(
+                "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<raw body>\">` under \
+                 `outcomes.webhook_secret`: check it over the bytes received, in constant time, \
+                 and refuse a `t` far from now",
+            ))
+            .build();
+        let body = RequestBodyBuilder::new()
+            .required(Some(Required::True))
+            .content(
+                "application/json",
+                Content::new(Some(Ref::from_schema_name(OrderEvent::name()))),
+            )
+            .build();
+        let operation = OperationBuilder::new()
+            .operation_id(Some("order_outcome"))
+            .tag("orders")
+            .summary(Some("How an order ended, sent to the shop"))
+            .description(Some(
+                "Sent to `outcomes.webhook_url` for every order that becomes `paid`, `declined` \
+                 or `failed`, whatever settled it (the click, a takeover, Payrail's event, \
+                 reconciliation, the give-up). At least once: retried until a 2xx, a second \
+                 later and then doubling up to `outcomes.max_backoff_secs`, for \
+                 `outcomes.retry_for_secs`; every delivery has the same `id` and body bytes, so \
+                 drop an `id` already handled.",
+            ))
+            .parameter(signature)
+            .request_body(Some(body))
+            .security(SecurityRequirement::default())
+            .response(
+                "200",
+                ResponseBuilder::new().description("Delivered (any 2xx): never sent again"),
+            )
+            .response(
+                "default",
+                ResponseBuilder::new().description(
+                    "Anything else, or no answer within `outcomes.timeout_ms`: sent again later",
+                ),
+            )
+            .build();
+        openapi
+            .webhooks
+            .get_or_insert_with(Default::default)
+            .paths
+            .insert(
+                "orderOutcome".to_owned(),
+                PathItem::new(HttpMethod::Post, operation),
+            );
+    }
+}
+
 /// The document as served, made once per app.
 pub struct Document(Bytes);
 
 impl Document {
     /// The document of the operations `register` registers: the app it
     /// registers them on is only read for what it collected, never served.
-    pub fn of(register: impl FnOnce(&mut ServiceConfig)) -> Self {
+    /// `key_life` (`idempotency.ttl_secs`) is published on every
+    /// `Idempotency-Key`, as the IETF draft asks of a server.
+    pub fn of(register: impl FnOnce(&mut ServiceConfig), key_life: Duration) -> Self {
         let (_, operations) = App::new()
             .into_utoipa_app()
             .configure(register)
             .split_for_parts();
         let mut document = ApiDoc::openapi();
         document.merge(operations);
+        publish_key_life(&mut document, key_life);
         // Plain maps, strings and numbers: serializing them cannot fail.
         Self(document.to_json().unwrap_or_default().into())
+    }
+}
+
+/// Adds the key's lifetime, and what happens after it, to the description
+/// of every `Idempotency-Key` parameter.
+fn publish_key_life(document: &mut utoipa::openapi::OpenApi, key_life: Duration) {
+    let secs = key_life.as_secs();
+    let life = format!(
+        " A key lives {secs} s (`idempotency.ttl_secs`) from the first request that sent it: \
+         within that time a retry gets the stored answer. After it the key is forgotten, and \
+         the same key is a new request, done again; except that a key whose order is still \
+         `payment_pending` is kept, answering as before, until the order settles."
+    );
+    let operations = document.paths.paths.values_mut().flat_map(|item| {
+        [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+    });
+    for operation in operations {
+        for parameter in operation.parameters.iter_mut().flatten() {
+            if let RefOr::T(parameter) = parameter {
+                if parameter.parameter_in == ParameterIn::Header
+                    && parameter.name == "Idempotency-Key"
+                {
+                    parameter
+                        .description
+                        .get_or_insert_with(String::new)
+                        .push_str(&life);
+                }
+            }
+        }
     }
 }
 
@@ -178,6 +288,11 @@ fn problem_response(entries: &[Entry], keyed: bool) -> Response {
                 response.links.insert("ShowOrder".to_owned(), order.into());
             }
             Carries::Nothing => {}
+        }
+        if let Some(what) = entry.location {
+            response
+                .headers
+                .insert("Location".to_owned(), described::<String>(what).into());
         }
     }
     if keyed && entries.iter().any(|entry| entry.stored) {

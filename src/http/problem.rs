@@ -58,9 +58,11 @@ pub enum Problem {
     /// 422 `idempotency-key-reused`: the key was first sent with another request.
     #[error("this Idempotency-Key was already used for a different request")]
     KeyReused,
-    /// 409 `request-in-progress`, with `Retry-After: 1`.
+    /// 409 `request-in-progress`, with `Retry-After: 1`, and `Location:
+    /// /orders/{order_id}` when the click's order exists already (waiting
+    /// for its payment).
     #[error("a request with this Idempotency-Key is still in progress; retry shortly")]
-    RequestInProgress,
+    RequestInProgress { order_id: Option<Uuid> },
     /// 429 `rate-limited`, with `Retry-After`: a new intent past the buyer's
     /// limit; nothing was written.
     #[error("too many new requests from this buyer; retry after the time Retry-After says")]
@@ -172,6 +174,8 @@ pub struct Entry {
     /// When it is answered.
     pub about: &'static str,
     pub carries: Carries,
+    /// When it may carry a `Location`, what that names.
+    pub location: Option<&'static str>,
     /// Answered by the work of a keyed request, it is the intent's answer:
     /// stored under the key and replayed.
     pub stored: bool,
@@ -202,12 +206,20 @@ impl Entry {
             title,
             about,
             carries: Carries::Nothing,
+            location: None,
             stored: false,
         }
     }
 
     const fn carrying(self, carries: Carries) -> Self {
         Self { carries, ..self }
+    }
+
+    const fn locating(self, what: &'static str) -> Self {
+        Self {
+            location: Some(what),
+            ..self
+        }
     }
 
     const fn stored(self) -> Self {
@@ -284,9 +296,14 @@ impl Kind {
                 StatusCode::CONFLICT,
                 "request-in-progress",
                 "Request in progress",
-                "the key's first request is still being answered; retry after `Retry-After`",
+                "the key's first request is still being answered; retry after `Retry-After` \
+                 (with `Location` when the click's order exists: its payment is being confirmed)",
             )
-            .carrying(Carries::RetryAfter),
+            .carrying(Carries::RetryAfter)
+            .locating(
+                "`/orders/{order_id}`, when the click's order exists already (`payment_pending`: \
+                 its payment is being confirmed)",
+            ),
             Kind::RateLimited => Entry::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate-limited",
@@ -471,7 +488,7 @@ impl Problem {
             Problem::PayloadTooLarge(_) => Kind::PayloadTooLarge,
             Problem::RequestTimeout(_) => Kind::RequestTimeout,
             Problem::KeyReused => Kind::KeyReused,
-            Problem::RequestInProgress => Kind::RequestInProgress,
+            Problem::RequestInProgress { .. } => Kind::RequestInProgress,
             Problem::RateLimited { .. } => Kind::RateLimited,
             Problem::SeatUnavailable => Kind::SeatUnavailable,
             Problem::HoldLimitReached => Kind::HoldLimitReached,
@@ -583,7 +600,10 @@ impl From<idempotency::RunError<Problem>> for Problem {
 impl From<Refusal> for Problem {
     fn from(refusal: Refusal) -> Self {
         match refusal {
-            Refusal::InProgress => Problem::RequestInProgress,
+            // Every effect this service links to a key is an order's id.
+            Refusal::InProgress { effect } => Problem::RequestInProgress {
+                order_id: effect.and_then(|effect| Uuid::parse_str(&effect).ok()),
+            },
             Refusal::KeyReused => Problem::KeyReused,
             Refusal::Limited(retry_after) => Problem::RateLimited { retry_after },
         }
@@ -649,6 +669,12 @@ impl ResponseError for Problem {
                 builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs.max(1))));
             }
             Carries::Order | Carries::Nothing => {}
+        }
+        if let Problem::RequestInProgress {
+            order_id: Some(order_id),
+        } = self
+        {
+            builder.insert_header((header::LOCATION, format!("/orders/{order_id}")));
         }
         builder.body(response.body)
     }
@@ -716,7 +742,10 @@ mod tests {
         let problems = [
             Problem::Unauthorized("no token"),
             Problem::NotFound("nothing here"),
-            Problem::RequestInProgress,
+            Problem::RequestInProgress { order_id: None },
+            Problem::RequestInProgress {
+                order_id: Some(order_id),
+            },
             Problem::RateLimited { retry_after },
             Problem::HoldUnavailable,
             Problem::PaymentDeclined { order_id },

@@ -1,8 +1,9 @@
-//! Background tasks of `serve`: expired-key cleanup and pending-order
-//! reconciliation. Each runs on a tokio interval, is safe with several
+//! Background tasks of `serve`: expired-key cleanup, pending-order
+//! reconciliation and the delivery of order events to the shop. Each runs on a tokio interval, is safe with several
 //! instances on one database, and stops when told to.
 
 pub mod cleanup;
+pub mod outcomes;
 pub mod reconcile;
 
 use std::future::Future;
@@ -24,11 +25,17 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    pub fn spawn(pool: Pool, orders: Orders, limit: Limit, settings: &Settings) -> Self {
+    pub fn spawn(
+        pool: Pool,
+        orders: Orders,
+        limit: Limit,
+        outcomes: Option<outcomes::Outcomes>,
+        settings: &Settings,
+    ) -> Self {
         let cancel = CancellationToken::new();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
         let reconcile = reconcile::Reconcile::new(pool, orders, &settings.reconcile);
-        let tasks = vec![
+        let mut tasks = vec![
             every(
                 settings.idempotency.cleanup_interval(),
                 cancel.clone(),
@@ -48,6 +55,13 @@ impl Jobs {
                 async move { limit.shrink() }
             }),
         ];
+        if let Some(outcomes) = outcomes {
+            let stop = cancel.clone();
+            tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
+                let (outcomes, stop) = (outcomes.clone(), stop.clone());
+                async move { outcomes.run_logged(&stop).await }
+            }));
+        }
         Self { cancel, tasks }
     }
 

@@ -37,6 +37,8 @@ pub fn webhook_secret() -> String {
         .expose_secret()
         .to_owned()
 }
+/// What the order events are signed with in tests (`outcomes.webhook_secret`).
+pub const OUTCOMES_SECRET: &str = "stagedoor_events_test_0123456789abcdef";
 
 /// The service's own pool (`db::pool`), one connection, to `url`, with
 /// generic plans as the profile needs them (off on Citus).
@@ -468,8 +470,13 @@ impl TestApp {
     /// changed of this app's settings: for tests that kill or signal it. Its
     /// log is shown if it does not come up.
     pub async fn spawn_process(&self) -> ServiceProcess {
+        self.spawn_process_with(&self.settings).await
+    }
+
+    /// [`spawn_process`](Self::spawn_process) with settings of its own
+    /// (on this app's database and sandbox).
+    pub async fn spawn_process_with(&self, s: &Settings) -> ServiceProcess {
         let port = free_port();
-        let s = &self.settings;
         let env: Vec<(&str, String)> = vec![
             ("STAGEDOOR_ENV", "test".into()),
             (
@@ -525,6 +532,30 @@ impl TestApp {
             (
                 "STAGEDOOR__RECONCILE__GIVE_UP_SECS",
                 s.reconcile.give_up_secs.to_string(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__WEBHOOK_URL",
+                s.outcomes.webhook_url.clone(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__WEBHOOK_SECRET",
+                s.outcomes.webhook_secret.expose_secret().to_owned(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__TIMEOUT_MS",
+                s.outcomes.timeout_ms.to_string(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__POLL_MS",
+                s.outcomes.poll_ms.to_string(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__MAX_BACKOFF_SECS",
+                s.outcomes.max_backoff_secs.to_string(),
+            ),
+            (
+                "STAGEDOOR__OUTCOMES__RETRY_FOR_SECS",
+                s.outcomes.retry_for_secs.to_string(),
             ),
             ("RUST_LOG", "warn".into()),
         ];

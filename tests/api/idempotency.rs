@@ -85,7 +85,7 @@ async fn a_hold_key_reused_for_an_order_is_422() {
 }
 
 #[tokio::test]
-async fn a_request_still_in_progress_is_409_with_retry_after() {
+async fn a_request_still_in_progress_is_409_with_retry_after_and_its_orders_location() {
     let app = spawn_app_with(|s| s.payrail.timeout_ms = 5_000).await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
@@ -104,6 +104,13 @@ async fn a_request_still_in_progress_is_409_with_retry_after() {
     assert_eq!(during.status, 409);
     assert_eq!(during.problem(), "request-in-progress");
     assert_eq!(during.retry_after.as_deref(), Some("1"));
+    // The click's order exists, waiting for Payrail: the 409 points at it.
+    let location = during.location.clone().expect("the order's Location");
+    let order_id = location
+        .strip_prefix("/orders/")
+        .expect("/orders/{order_id}");
+    let pending: serde_json::Value = app.get_order("alice", order_id).await.json().await.unwrap();
+    assert_eq!(pending["status"], "payment_pending");
 
     // The hash check comes first: another body is 422 even while in progress.
     let other = Seen::of(
@@ -115,6 +122,7 @@ async fn a_request_still_in_progress_is_409_with_retry_after() {
 
     let first = first.await.unwrap();
     assert_eq!(first.status, 201);
+    assert_eq!(first.location.as_deref(), Some(location.as_str()));
     let after = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
     assert!(after.replayed);
     assert_eq!(after.body, first.body);

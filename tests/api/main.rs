@@ -24,6 +24,7 @@ mod migrations;
 mod openapi;
 mod orders;
 mod outbound;
+mod outcomes;
 mod payrail_events;
 mod pool;
 mod provider;

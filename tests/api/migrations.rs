@@ -118,7 +118,7 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
         answer,
         StoredResponse::new(201, "application/json", b"hold".to_vec())
     );
-    assert!(matches!(begin("busy").await, Err(Reply::InProgress)));
+    assert!(matches!(begin("busy").await, Err(Reply::InProgress { .. })));
     let links: i64 = client
         .query_one(
             "SELECT count(*) FROM idempotency_keys WHERE key = 'paid' AND effect = $1",

@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, TestApp};
 
 /// Every (method, path template) of the API. With `PAGES`, this list must
 /// follow `routes()` in src/http/mod.rs: an API route added there is
@@ -196,7 +196,7 @@ async fn every_documented_operation_is_served_and_guarded_as_documented() {
 
 #[tokio::test]
 async fn the_idempotency_key_is_documented_as_required_on_orders_and_optional_on_holds() {
-    let app = spawn_app().await;
+    let app = spawn_app_with(|s| s.idempotency.ttl_secs = 7_200).await;
     let doc = document(&app).await;
     for (path, required) in [("/orders", true), ("/holds", false)] {
         let parameters = doc["paths"][path]["post"]["parameters"]
@@ -212,6 +212,12 @@ async fn the_idempotency_key_is_documented_as_required_on_orders_and_optional_on
             "POST {path}"
         );
         assert_eq!(key["schema"]["maxLength"], 255, "POST {path}");
+        let description = key["description"].as_str().unwrap_or_default();
+        assert!(
+            description.contains("lives 7200 s (`idempotency.ttl_secs`)")
+                && description.contains("After it the key is forgotten"),
+            "POST {path} publishes the configured lifetime: {description}"
+        );
         let created = &doc["paths"][path]["post"]["responses"]["201"]["headers"];
         assert!(created.get("Idempotent-Replayed").is_some(), "POST {path}");
     }
@@ -220,4 +226,35 @@ async fn the_idempotency_key_is_documented_as_required_on_orders_and_optional_on
     let problem = &doc["paths"]["/orders"]["post"]["responses"]["409"];
     assert!(problem["content"].get("application/problem+json").is_some());
     assert!(problem["headers"].get("Retry-After").is_some());
+    assert!(
+        problem["headers"].get("Location").is_some(),
+        "a 409 in progress names its order"
+    );
+}
+
+#[tokio::test]
+async fn the_order_event_sent_to_the_shop_is_a_webhook_of_the_document() {
+    let app = spawn_app().await;
+    let doc = document(&app).await;
+    let hook = &doc["webhooks"]["orderOutcome"]["post"];
+    let signature = hook["parameters"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "Stagedoor-Signature"))
+        .unwrap_or_else(|| panic!("the signature header: {hook}"));
+    assert_eq!(signature["required"], true);
+    assert_eq!(
+        hook["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/OrderEvent"
+    );
+    let schemas = &doc["components"]["schemas"];
+    let required = schemas["OrderEvent"]["required"].clone();
+    assert_eq!(required, json!(["id", "type", "created", "data"]));
+    assert_eq!(
+        schemas["OrderEventData"]["properties"]["order"]["$ref"], "#/components/schemas/Order",
+        "the order as GET /orders/{{order_id}} shows it"
+    );
+    assert_eq!(
+        schemas["EventType"]["enum"],
+        json!(["order.paid", "order.declined", "order.failed"])
+    );
 }

@@ -215,7 +215,7 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
 
     // The same click again: the same call, which now reads the row it lost to.
     let again = Paused::start(&engine, "alice", &key, &hash).await;
-    assert!(matches!(again, Err(Reply::InProgress)));
+    assert!(matches!(again, Err(Reply::InProgress { .. })));
     assert_routed("the claim again", &db.sent(), &worker, "idempotency_claim(");
 
     // The key's read without a claim: a request the Redis gate turned away
@@ -236,7 +236,7 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
         .await
         .expect("the lock");
     let seen = Paused::start(&gated, "alice", &key, &hash).await;
-    assert!(matches!(seen, Err(Reply::InProgress)));
+    assert!(matches!(seen, Err(Reply::InProgress { .. })));
     assert_routed("the key's read", &db.sent(), &worker, "idempotency_keys");
 }
 

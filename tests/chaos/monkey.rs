@@ -1,13 +1,14 @@
 //! The controller of the chaos: Payrail faults that change every few
-//! seconds, SIGKILLed service processes restarted on their own ports, and
+//! seconds, a shop's event endpoint that fails, answers late and drops
+//! connections, SIGKILLed service processes restarted on their own ports, and
 //! one restart of PostgreSQL in the middle; on a Citus cluster, a worker's
 //! PostgreSQL SIGKILLed and started again instead. Everything it does is
 //! logged with the time since the start, and counted.
 //!
 //! What to break and for how long comes from schedules, each drawn from a
-//! PRNG stream of the run's seed ([`FaultSchedule`], [`KillSchedule`], on
-//! Citus [`CrashSchedule`]): the same seed gives the same sequence of fault
-//! profiles, of kills and of crashes (which one, how long it stays down, how
+//! PRNG stream of the run's seed ([`FaultSchedule`], [`ShopSchedule`],
+//! [`KillSchedule`], on Citus [`CrashSchedule`]): the same seed gives the
+//! same sequence of fault profiles, of the shop's moods, of kills and of crashes (which one, how long it stays down, how
 //! long until the next). The database restarts are evenly spread, with no
 //! randomness.
 
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use test_support::citus::Worker;
 use test_support::postgres::Postgres;
+use test_support::receiver::{Mode, Receiver};
 use test_support::{sandbox, Rng};
 
 use crate::cluster::Services;
@@ -26,6 +28,7 @@ use crate::cluster::Services;
 const FAULT_STREAM: u64 = 1;
 const KILL_STREAM: u64 = 2;
 const CRASH_STREAM: u64 = 3;
+const SHOP_STREAM: u64 = 4;
 
 /// One fault profile of the sandbox, and how long it stays on.
 pub struct FaultStep {
@@ -86,6 +89,39 @@ impl Iterator for FaultSchedule {
             faults,
             lasts,
         })
+    }
+}
+
+/// The endless sequence of the shop's event endpoint's moods of a seed:
+/// half the time it takes events at once; else it answers 503, answers
+/// 200 after the service's delivery timeout (`timeout_ms`), or drops the
+/// connection; each for 2-5 s.
+pub struct ShopSchedule {
+    rng: Rng,
+    timeout_ms: u64,
+}
+
+impl ShopSchedule {
+    pub fn new(seed: u64, timeout_ms: u64) -> Self {
+        Self {
+            rng: Rng::stream(seed, SHOP_STREAM),
+            timeout_ms,
+        }
+    }
+}
+
+impl Iterator for ShopSchedule {
+    type Item = (Mode, Duration);
+
+    fn next(&mut self) -> Option<(Mode, Duration)> {
+        let rng = &mut self.rng;
+        let mode = match rng.pick(6) {
+            0..=2 => Mode::Accept,
+            3 => Mode::Answer(503),
+            4 => Mode::Slow(Duration::from_millis(self.timeout_ms + rng.range(100, 600))),
+            _ => Mode::Crash,
+        };
+        Some((mode, Duration::from_millis(rng.range(2_000, 5_000))))
     }
 }
 
@@ -267,6 +303,26 @@ impl Monkey {
         }
         self.set_faults(&sandbox, &json!({})).await;
         self.say("payrail faults: off");
+    }
+
+    /// The shop's moods of `schedule`, each for its time, until `until`;
+    /// then it takes every event.
+    pub async fn shop(
+        self: Arc<Self>,
+        shop: Arc<Receiver>,
+        schedule: ShopSchedule,
+        until: Instant,
+    ) {
+        for (mode, lasts) in schedule {
+            if Instant::now() >= until {
+                break;
+            }
+            shop.set(mode);
+            self.say(&format!("shop's event endpoint: {mode:?} for {lasts:.1?}"));
+            sleep_until_or(until, lasts).await;
+        }
+        shop.set(Mode::Accept);
+        self.say("shop's event endpoint: accepting");
     }
 
     /// The kills of `schedule` until 5 s before `until`: SIGKILL the

@@ -354,6 +354,22 @@ test('the deadline bounds the call: attempts shrink to the time left, and no sle
   assert.equal(service.calls.length, 3);
 });
 
+test('a 409 in progress that names its order says so on the attempt and on NoAnswerError', async () => {
+  const inProgress = (headers) => json(409, problem('request-in-progress', 409), { 'Retry-After': '1', ...headers });
+  const { clock, seen, click } = setup([
+    inProgress({}), inProgress({ Location: `/orders/${ORDER.order_id}` }), TIMEOUT,
+  ], { maxAttempts: 3, timeoutMs: 2000 });
+  const c = click();
+  const error = await clock.run(c.order(pay)).then(() => assert.fail('resolved'), (e) => e);
+  assert.ok(error instanceof NoAnswerError);
+  assert.equal(seen[0].order, null, 'no Location: no order yet');
+  const order = { orderId: ORDER.order_id, status: 'payment_pending' };
+  assert.deepEqual(seen[1].order, order);
+  assert.equal(seen[1].location, `/orders/${ORDER.order_id}`);
+  assert.equal(error.last.error, 'timeout');
+  assert.deepEqual(error.order, order, 'the order outlives the attempt that named it');
+});
+
 test('a Retry-After beyond the deadline ends the call at once', async () => {
   const { clock, seen, click } = setup([json(409, problem('request-in-progress', 409), { 'Retry-After': '120' })]);
   const c = click();

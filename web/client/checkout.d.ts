@@ -66,9 +66,19 @@ export interface Attempt {
   retryAfter: string | null;
   /** `Preference-Applied`: the service waited for an earlier attempt's answer (`Prefer: wait`). */
   preferenceApplied: string | null;
+  /** `Location`, when the answer has one. */
+  location: string | null;
+  /** A 409 request-in-progress with `Location: /orders/{order_id}`: the click's order exists, its payment being confirmed. */
+  order: PendingOrder | null;
   elapsedMs: number;
   /** When the next attempt goes (same key), or null: this attempt ended the call (an answer, or no more time). */
   retryInMs: number | null;
+}
+
+/** The click's order, known to exist while its payment is being confirmed. */
+export interface PendingOrder {
+  orderId: string;
+  status: 'payment_pending';
 }
 
 export interface ClickOptions {
@@ -136,6 +146,8 @@ export class NoAnswerError extends Error {
   readonly key: string;
   readonly attempts: number;
   readonly last: Attempt;
+  /** The click's order, when a 409 named it: the payment is being confirmed. */
+  readonly order: PendingOrder | null;
 }
 
 export const DEFAULTS: Readonly<{

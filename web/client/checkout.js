@@ -22,6 +22,12 @@
  * Every other status is the answer and is returned, never retried: 201, 402
  * `payment-declined`, 409 `hold-unavailable`, 422, 401 ...
  *
+ * A 409 `request-in-progress` whose click has made its order already carries
+ * `Location: /orders/{order_id}`: the order exists and its payment is being
+ * confirmed. The attempt says so (`attempt.order`), and so does a
+ * {@link NoAnswerError} that ends the call (`error.order`), so that a page can
+ * tell the buyer "your payment is being confirmed" rather than "no answer".
+ *
  * @module
  */
 
@@ -59,6 +65,7 @@ export class Click {
   #request = null;
   #running = null;
   #attempts = 0;
+  #order = null;
 
   /** @param {object} options the buyer's `token`, and what checkout.d.ts's `ClickOptions` lists */
   constructor(options) {
@@ -102,6 +109,7 @@ export class Click {
     let failures = 0;
     for (let n = 1; ; n += 1) {
       const attempt = await this.#attempt(path, body, Math.min(o.timeoutMs, deadline - o.now()));
+      if (attempt.order) this.#order = attempt.order;
       if (isLost(attempt)) failures += 1;
       const delay = retryDelay(attempt, failures, o);
       const last = delay === null || n >= o.maxAttempts || o.now() + delay >= deadline;
@@ -111,7 +119,7 @@ export class Click {
         const { status, body: answer, replayed } = attempt;
         return { status, body: answer, replayed, key: this.#key, attempts: this.#attempts };
       }
-      if (last) throw new NoAnswerError(this.#attempts, attempt);
+      if (last) throw new NoAnswerError(this.#attempts, attempt, this.#order);
       await o.sleep(delay);
     }
   }
@@ -122,7 +130,7 @@ export class Click {
     const attempt = {
       key: this.#key, attempt: (this.#attempts += 1), method: 'POST', path,
       status: null, error: null, message: null, body: null, replayed: false,
-      retryAfter: null, preferenceApplied: null, elapsedMs: 0, retryInMs: null,
+      retryAfter: null, preferenceApplied: null, location: null, order: null, elapsedMs: 0, retryInMs: null,
     };
     const headers = {
       Authorization: `Bearer ${typeof o.token === 'function' ? o.token() : o.token}`,
@@ -146,6 +154,8 @@ export class Click {
       attempt.replayed = response.headers.get('Idempotent-Replayed') === 'true';
       attempt.retryAfter = response.headers.get('Retry-After');
       attempt.preferenceApplied = response.headers.get('Preference-Applied');
+      attempt.location = response.headers.get('Location');
+      attempt.order = pendingOrder(attempt);
     } catch (error) {
       attempt.error = timeout.signal.aborted ? 'timeout' : 'network';
       attempt.message = error && error.message ? error.message : String(error);
@@ -161,10 +171,12 @@ export class Click {
  * A click that ended without an answer: every attempt timed out, failed or
  * was told to come back later, until the deadline or the attempt cap. The
  * order may still go through. Resume with the same click (same key), never a
- * new one: the retry gets the service's answer, whichever it was.
+ * new one: the retry gets the service's answer, whichever it was. When the
+ * service said the click's order exists (a 409 with its `Location`), `order`
+ * names it: its payment is being confirmed.
  */
 export class NoAnswerError extends Error {
-  constructor(attempts, last) {
+  constructor(attempts, last, order = null) {
     super(`no answer for key ${last.key} after ${attempts} attempts (last: ${describe(last)}); ` +
       'retry the same click, it keeps its key');
     this.name = 'NoAnswerError';
@@ -174,6 +186,8 @@ export class NoAnswerError extends Error {
     this.attempts = attempts;
     /** The last attempt, as `onAttempt` saw it. */
     this.last = last;
+    /** `{ orderId, status: 'payment_pending' }`: the click's order, known to exist, or null. */
+    this.order = order;
   }
 }
 
@@ -261,8 +275,21 @@ function isLost(attempt) {
 
 /** Not an answer yet, says the service: in progress, or rate-limited before the key was written. */
 function isNotYet(attempt) {
-  if (attempt.status === 429) return true;
+  return attempt.status === 429 || isInProgress(attempt);
+}
+
+function isInProgress(attempt) {
   return attempt.status === 409 && attempt.body !== null && attempt.body.type === IN_PROGRESS;
+}
+
+/**
+ * The click's order, when a 409 request-in-progress names it (`Location:
+ * /orders/{order_id}`): it exists, and its payment is being confirmed.
+ */
+function pendingOrder(attempt) {
+  if (!isInProgress(attempt) || !attempt.location) return null;
+  const match = /\/orders\/([^/?#]+)$/.exec(attempt.location);
+  return match ? { orderId: decodeURIComponent(match[1]), status: 'payment_pending' } : null;
 }
 
 /** `Retry-After` (seconds or an HTTP date) in milliseconds from `now`, or null. */

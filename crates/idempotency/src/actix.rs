@@ -35,10 +35,11 @@ pub fn fingerprint(req: &HttpRequest, body: &[u8]) -> RequestHash {
 }
 
 /// What a reply refuses, for the caller to render as its own error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// 409: another request holds the intent; retry shortly.
-    InProgress,
+    /// 409: another request holds the intent; retry shortly. With the
+    /// effect it has linked already, if any, for the answer to point at.
+    InProgress { effect: Option<String> },
     /// 422: the key was first sent with another request.
     KeyReused,
     /// 429: a new intent past the scope's limit; retry after this long.
@@ -51,7 +52,7 @@ pub fn respond(reply: Reply) -> Result<HttpResponse, Refusal> {
     match reply {
         Reply::First(response) => Ok(response_of(&response, false)),
         Reply::Replay(response) => Ok(response_of(&response, true)),
-        Reply::InProgress => Err(Refusal::InProgress),
+        Reply::InProgress { effect } => Err(Refusal::InProgress { effect }),
         Reply::KeyReused => Err(Refusal::KeyReused),
         Reply::Limited(wait) => Err(Refusal::Limited(wait)),
     }

@@ -290,7 +290,27 @@ impl Engine {
         if let Some(token) = gate {
             self.gate.leave(user_id, key, token).await;
         }
-        Reply::from(begun)
+        match Reply::from(begun) {
+            Reply::InProgress { .. } => Reply::InProgress {
+                effect: self.linked_effect(user_id, key).await,
+            },
+            reply => reply,
+        }
+    }
+
+    /// The effect an in-progress key links, read for its 409 alone (a
+    /// retry that found its intent still running), so that no other
+    /// answer pays for it. `None` when there is none, or it cannot be read:
+    /// the 409 is right without it.
+    async fn linked_effect(&self, user_id: &str, key: &IdempotencyKey) -> Option<String> {
+        let read = async {
+            let client = self.pool.get().await?;
+            store::linked_effect(&client, user_id, key).await
+        };
+        read.await.unwrap_or_else(|error: Error| {
+            tracing::warn!(%error, "could not read the effect of a key in progress");
+            None
+        })
     }
 
     /// Does the work of a claim and stores its answer; the answer cache

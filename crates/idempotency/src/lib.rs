@@ -91,7 +91,7 @@
 //!         .await;
 //!     match reply.map(|ran| actix::respond(ran.reply)) {
 //!         Ok(Ok(response)) => response,
-//!         Ok(Err(actix::Refusal::InProgress)) => HttpResponse::Conflict().body("retry shortly"),
+//!         Ok(Err(actix::Refusal::InProgress { .. })) => HttpResponse::Conflict().body("retry shortly"),
 //!         Ok(Err(actix::Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
 //!         Ok(Err(actix::Refusal::Limited(_))) => HttpResponse::TooManyRequests().finish(),
 //!         Err(_) => HttpResponse::ServiceUnavailable().finish(),

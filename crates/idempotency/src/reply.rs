@@ -16,8 +16,10 @@ pub enum Reply {
     First(StoredResponse),
     /// The intent's stored answer, again.
     Replay(StoredResponse),
-    /// Another request holds the intent right now: come back shortly.
-    InProgress,
+    /// Another request holds the intent right now: come back shortly. The
+    /// effect the intent has linked already, if any (an order waiting for
+    /// its payment), so that the answer can point at it.
+    InProgress { effect: Option<String> },
     /// The key was first used for a different request; never its answer.
     KeyReused,
     /// A new intent past the scope's limit: nothing was written; come back
@@ -32,7 +34,7 @@ impl From<Begin> for Reply {
             Begin::Replay(response) => Reply::Replay(response),
             Begin::KeyReused => Reply::KeyReused,
             Begin::Limited(wait) => Reply::Limited(wait),
-            Begin::InProgress | Begin::Claimed(_) => Reply::InProgress,
+            Begin::InProgress | Begin::Claimed(_) => Reply::InProgress { effect: None },
         }
     }
 }

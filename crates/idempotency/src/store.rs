@@ -205,6 +205,26 @@ pub(crate) async fn release(client: &impl GenericClient, claim: &Claim) -> Resul
     Ok(released == 1)
 }
 
+/// The effect an unanswered key row links, if any.
+pub(crate) async fn linked_effect(
+    client: &impl GenericClient,
+    user_id: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<String>, Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT effect FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2 AND response_status IS NULL",
+        )
+        .await?;
+    Ok(client
+        .query_opt(&statement, &[&user_id, &key.as_str()])
+        .await?
+        .map(|row| row.try_get::<_, Option<String>>(0))
+        .transpose()?
+        .flatten())
+}
+
 /// A key row as `read` and the claim select it.
 pub(crate) struct KeyRow {
     pub hash: Vec<u8>,

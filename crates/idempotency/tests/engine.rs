@@ -177,7 +177,7 @@ async fn concurrent_duplicates_run_the_work_once() {
     for task in tasks {
         match task.await.unwrap() {
             Reply::First(_) => first += 1,
-            Reply::Replay(_) | Reply::InProgress => {}
+            Reply::Replay(_) | Reply::InProgress { .. } => {}
             Reply::KeyReused | Reply::Limited(_) => panic!("neither reused nor limited"),
         }
     }
@@ -351,7 +351,7 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
         Paused::start(&engine, "alice", &k, &h)
             .await
             .map(Paused::crash),
-        Err(Reply::InProgress)
+        Err(Reply::InProgress { .. })
     ));
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let Ok(taker) = Paused::start(&engine, "alice", &k, &h)
@@ -426,7 +426,7 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
         Paused::start(&engine, "alice", &k, &h)
             .await
             .map(Paused::crash),
-        Err(Reply::InProgress)
+        Err(Reply::InProgress { .. })
     ));
 }
 
@@ -579,7 +579,7 @@ async fn an_opening_step_is_made_with_the_claim_and_not_by_a_duplicate() {
             .await
             .map(|ran| ran.reply)
             .unwrap();
-        assert!(matches!(reply, Reply::InProgress), "{reply:?}");
+        assert!(matches!(reply, Reply::InProgress { .. }), "{reply:?}");
         assert_eq!(toy.bumps().await, 1, "a lost insert makes nothing");
         let _ = go_tx.send(());
     };

@@ -189,7 +189,7 @@ async fn replays_409s_and_422s_spend_no_token_of_the_new_click_limit() {
         panic!("a new key is claimed");
     };
     for _ in 0..5 {
-        assert!(matches!(run("busy", "{}").await, Reply::InProgress));
+        assert!(matches!(run("busy", "{}").await, Reply::InProgress { .. }));
     }
     assert!(
         matches!(run("b", "{}").await, Reply::First(_)),
@@ -367,7 +367,7 @@ async fn redis_mode_a_request_that_lost_its_claim_leaves_the_takers_lock_alone()
         })
     };
     let zombie = zombie.await.unwrap();
-    assert!(matches!(zombie, Reply::InProgress), "{zombie:?}");
+    assert!(matches!(zombie, Reply::InProgress { .. }), "{zombie:?}");
     assert!(
         lock_of(&user, "a").await.is_some(),
         "the taker's lock is still there while it works"
@@ -422,7 +422,11 @@ async fn a_waiter_turned_away_by_the_lock_backs_off_instead_of_spinning() {
         )
         .await
         .unwrap();
-    assert!(matches!(ran.reply, Reply::InProgress), "{:?}", ran.reply);
+    assert!(
+        matches!(ran.reply, Reply::InProgress { .. }),
+        "{:?}",
+        ran.reply
+    );
     let gets = toy.gets.load(Ordering::Relaxed) - before;
     // A poll every 10 ms for 2 s would be 200 reads and as many asks; with
     // the delay doubling up to 200 ms, it is a few dozen at most.

@@ -13,7 +13,10 @@
 //! after reconciliation has settled what it can); no paid order without a
 //! succeeded charge; no seat in two live holds or orders (5); a paid order
 //! owns all its holds and a declined or failed one none; and every answer
-//! stored on an order's key agrees with that order, headers included. Replays are
+//! stored on an order's key agrees with that order, headers included; every
+//! settled order has exactly one event, of its state, and no pending order
+//! has one; and ([`events_violations`]) every event a shop's receiver
+//! acknowledged is that event of a settled order in the same state. Replays are
 //! compared byte for byte where they are received (the tests' and the chaos
 //! load's own checks).
 //!
@@ -25,7 +28,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use self::sql::{OrderRow, StoredAnswerRow};
+use self::sql::{EventRow, OrderRow, StoredAnswerRow};
+use crate::receiver::Received;
 
 /// Every violation found, each naming the rows involved; empty when all
 /// holds.
@@ -151,11 +155,57 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
             ));
         }
     }
+
+    // Every settled order has its one event (the key allows no second),
+    // of its state; a pending order has none.
+    for (order_id, status, event) in sql::orders_without_their_event(db).await {
+        found.push(format!(
+            "{status} order {order_id} has event {event:?} (a settled order has one event \
+             of its state, a pending one none)"
+        ));
+    }
+    found
+}
+
+/// What the shop's receiver acknowledged (answered 2xx), checked against
+/// the outbox: each is the one event of a settled order, with that event's
+/// id and type, and says the order as it is; an order's every delivery
+/// carries the same id.
+pub async fn events_violations(db: &tokio_postgres::Client, received: &[Received]) -> Vec<String> {
+    let events: HashMap<String, EventRow> = sql::events(db)
+        .await
+        .into_iter()
+        .map(|event| (event.order_id.clone(), event))
+        .collect();
+    let mut found = Vec::new();
+    for delivery in received.iter().filter(|r| r.acknowledged()) {
+        let body = delivery.json();
+        let (id, kind) = (body["id"].as_str(), body["type"].as_str());
+        let order = &body["data"]["order"];
+        let order_id = order["order_id"].as_str().unwrap_or_default();
+        match events.get(order_id) {
+            None => found.push(format!("acknowledged an event of no order's: {body}")),
+            Some(event) => {
+                let said = order["status"].as_str().unwrap_or_default();
+                if id != Some(event.event_id.as_str())
+                    || kind != Some(event.kind.as_str())
+                    || format!("order.{said}") != event.kind
+                    || event.order_status != said
+                    || body["data"]["user_id"].as_str() != Some(event.user_id.as_str())
+                {
+                    found.push(format!(
+                        "acknowledged {body}, but order {order_id} of {} is {} with event {} {}",
+                        event.user_id, event.order_status, event.event_id, event.kind
+                    ));
+                }
+            }
+        }
+    }
     found
 }
 
 /// THE SQL OF THE CHECKER: every statement it runs against the service's
-/// tables (`orders`, `holds`, `idempotency_keys`) and every column it reads
+/// tables (`orders`, `holds`, `idempotency_keys`, `order_events`) and every column it reads
 /// back, and nothing else. A change to those tables' columns is adapted
 /// here; the checks above see only the rows returned.
 pub mod sql {
@@ -267,6 +317,44 @@ pub mod sql {
             order_id: row.get(5),
             status: row.get(6),
             names_the_order: row.get(7),
+        })
+        .await
+    }
+
+    /// Orders whose event is not what their state says: a settled one
+    /// without its event or with one of another type, a pending one with
+    /// one: (order, status, the event's type).
+    pub async fn orders_without_their_event(
+        db: &tokio_postgres::Client,
+    ) -> Vec<(String, String, Option<String>)> {
+        let sql = "SELECT o.order_id::text, o.status, e.type
+                   FROM orders o
+                   LEFT JOIN order_events e ON e.user_id = o.user_id AND e.order_id = o.order_id
+                   WHERE (o.status = 'payment_pending') <> (e.order_id IS NULL)
+                      OR e.type <> 'order.' || o.status";
+        rows(db, sql, |row| (row.get(0), row.get(1), row.get(2))).await
+    }
+
+    /// An order's event, with the order's status.
+    pub struct EventRow {
+        pub user_id: String,
+        pub order_id: String,
+        pub event_id: String,
+        pub kind: String,
+        pub order_status: String,
+    }
+
+    /// Every event, with its order's status.
+    pub async fn events(db: &tokio_postgres::Client) -> Vec<EventRow> {
+        let sql = "SELECT e.user_id, e.order_id::text, e.event_id, e.type, o.status
+                   FROM order_events e
+                   JOIN orders o ON o.user_id = e.user_id AND o.order_id = e.order_id";
+        rows(db, sql, |row| EventRow {
+            user_id: row.get(0),
+            order_id: row.get(1),
+            event_id: row.get(2),
+            kind: row.get(3),
+            order_status: row.get(4),
         })
         .await
     }

@@ -13,6 +13,7 @@
 //! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped; any process by its pid: SIGKILLed, its children, whether it lives |
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
+//! | [`receiver`] | a shop's webhook endpoint that records what it reads and fails, stalls, answers late or drops the connection on command |
 //! | [`sandbox`] | the Payrail sandbox's control endpoints: faults and the ledger of charges |
 //! | [`paused`] | a keyed request stopped in its work, through the engine's own flow, resumed or left as a crash would |
 //! | [`invariants`] | the checker of docs/DESIGN.md's "What always holds" against the tables and the ledger |
@@ -26,6 +27,7 @@ pub mod invariants;
 pub mod paused;
 pub mod postgres;
 pub mod process;
+pub mod receiver;
 pub mod rng;
 pub mod sandbox;
 pub mod scratch;

@@ -6,11 +6,13 @@
 //!
 //! `place` runs a claimed click (make or resume, charge, settle), `settle`
 //! holds the settlement statements, `event` applies Payrail's events,
-//! `give_up` ends an undecided order, and this module the order itself: its
+//! `give_up` ends an undecided order, `outbox` holds the events a settlement
+//! writes for the shop, and this module the order itself: its
 //! types, its parsing, and how it is read back.
 
 mod event;
 mod give_up;
+pub mod outbox;
 mod place;
 mod settle;
 mod status;
