@@ -1,5 +1,5 @@
 //! What the workspace's tests and benches share, written once: the API
-//! tests (`tests/api`), the chaos run (`tests/chaos.rs`), the bench
+//! tests (`tests/api`), the chaos run (`tests/chaos/main.rs`), the bench
 //! (`benches/checkout/`) and the other crates' own tests against
 //! PostgreSQL.
 //!
