@@ -9,7 +9,8 @@
 //! the coordinator. The steps that also write the coordinator's seat side
 //! (the keyed hold, the order, its settlement) may commit in two phases,
 //! but with the buyer's worker alone: no command to any other worker and
-//! no intermediate result. On one PostgreSQL there is no other node to
+//! no intermediate result; an order event's lease (with its order's read)
+//! and its delivery's mark reach that worker alone too. On one PostgreSQL there is no other node to
 //! reach: each test says so and checks nothing, but for the layout the
 //! service reads (`idempotency::Layout`), which must be `Single` there and
 //! `Distributed` on the cluster: it picks the statements checked here.
@@ -24,7 +25,7 @@ use idempotency::{
 };
 use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
-use stagedoor_checkout::checkout::orders::{self, Click, NewOrder, Orders, Settlement};
+use stagedoor_checkout::checkout::orders::{self, outbox, Click, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use test_support::paused::Paused;
 use tokio::sync::mpsc;
@@ -213,10 +214,18 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
     drop(first);
     assert_routed("the claim", &db.sent(), &worker, "idempotency_claim(");
 
-    // The same click again: the same call, which now reads the row it lost to.
+    // The same click again: the same call, which now reads the row it lost
+    // to, then, for its 409, the order the key links (none yet).
     let again = Paused::start(&engine, "alice", &key, &hash).await;
-    assert!(matches!(again, Err(Reply::InProgress { .. })));
-    assert_routed("the claim again", &db.sent(), &worker, "idempotency_claim(");
+    assert!(matches!(again, Err(Reply::InProgress { effect: None })));
+    let sent = db.sent();
+    assert_routed("the claim again", &sent[..1], &worker, "idempotency_claim(");
+    assert_routed(
+        "the 409's linked effect",
+        &sent[1..],
+        &worker,
+        "idempotency_keys",
+    );
 
     // The key's read without a claim: a request the Redis gate turned away
     // (another request holds the key's lock).
@@ -236,8 +245,15 @@ async fn the_claim_and_its_replay_run_whole_on_the_buyers_worker() {
         .await
         .expect("the lock");
     let seen = Paused::start(&gated, "alice", &key, &hash).await;
-    assert!(matches!(seen, Err(Reply::InProgress { .. })));
-    assert_routed("the key's read", &db.sent(), &worker, "idempotency_keys");
+    assert!(matches!(seen, Err(Reply::InProgress { effect: None })));
+    let sent = db.sent();
+    assert_routed("the key's read", &sent[..1], &worker, "idempotency_keys");
+    assert_routed(
+        "the 409's linked effect",
+        &sent[1..],
+        &worker,
+        "idempotency_keys",
+    );
 }
 
 #[tokio::test]
@@ -360,6 +376,31 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         &["UPDATE public.orders_", "idempotency_keys"],
         0,
     );
+
+    // The order's event for the shop, written by the click's settlement:
+    // its lease (with the order's read) and its mark, on the buyer's worker
+    // alone, as any instance's delivery makes them.
+    let due = outbox::due(&db.client, 100).await.expect("the due events");
+    let due = due
+        .iter()
+        .find(|due| due.order_id == order_id)
+        .expect("the paid order's event");
+    db.sent();
+    let leased = outbox::lease(&db.client, due, Duration::from_secs(30))
+        .await
+        .expect("the lease")
+        .expect("the event is leased");
+    assert_on_one_worker(
+        "an event's lease",
+        &db.sent(),
+        &worker,
+        &["UPDATE public.order_events_", "orders_"],
+        0,
+    );
+    outbox::delivered(&db.client, &leased)
+        .await
+        .expect("the delivery's mark");
+    assert_routed("an event's delivery", &db.sent(), &worker, "order_events");
 }
 
 /// A claim of a new key of alice's, by a request that then stopped.

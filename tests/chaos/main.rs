@@ -39,11 +39,8 @@
 //! CHAOS_SEED=1234 CHAOS_SECS=60 cargo test --release --test chaos -- --nocapture
 //! ```
 
-#[path = "chaos/cluster.rs"]
 mod cluster;
-#[path = "chaos/load.rs"]
 mod load;
-#[path = "chaos/monkey.rs"]
 mod monkey;
 
 use std::path::Path;
