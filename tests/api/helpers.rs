@@ -267,6 +267,16 @@ impl TestApp {
         sandbox::ledger(&self.http, &self.sandbox.base_url()).await
     }
 
+    /// The instance's `/metrics` page, as text.
+    pub async fn metrics(&self) -> String {
+        let response = self.http.get(self.url("/metrics")).send().await;
+        response
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the metrics")
+    }
+
     /// Waits (up to 2 s) until Payrail has made a charge, which it then
     /// sits on for as long as its latency says: the moment to kill its caller.
     pub async fn until_charged(&self) {

@@ -371,15 +371,7 @@ async fn a_shop_down_past_the_retries_has_its_event_given_up_counted_and_resent_
     }
     let tried = of_order(&receiver.received(), &order_id).len();
     assert!(tried >= 2, "tried until given up: {tried}");
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("order_events_given_up_total 1"),
         "{metrics}"

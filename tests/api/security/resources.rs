@@ -16,15 +16,7 @@ async fn made_up_http_methods_do_not_grow_the_metrics() {
             "{status:?}"
         );
     }
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     let series = metrics.lines().filter(|l| l.contains("method=\"X")).count();
     assert_eq!(series, 0, "{} bytes of metrics", metrics.len());
 }
