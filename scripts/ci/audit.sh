@@ -18,7 +18,8 @@ db="${STAGEDOOR_ADVISORY_DB:-../shared/advisory-db}"
 
 if [ "$(cargo audit --version 2>/dev/null)" != "cargo-audit-audit $audit_version" ]; then
     echo "installing cargo-audit $audit_version" >&2
-    cargo install --debug --locked --quiet cargo-audit --version "$audit_version"
+    # Without its default binary-scanning (`cargo audit bin`), unused here.
+    cargo install --debug --locked --quiet --no-default-features cargo-audit --version "$audit_version"
 fi
 if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $deny_version" ]; then
     echo "installing cargo-deny $deny_version" >&2

@@ -2,6 +2,7 @@
 # The browser test of the demo checkout page, end to end:
 #
 #   scripts/ci/browser-test.sh [--release]
+#   scripts/ci/browser-test.sh --install    only install what it needs (when missing)
 #
 # Starts a real `payrail-sandbox` and a real `stagedoor-checkout` (built with
 # cargo; debug, or release with --release) on free ports against a throwaway
@@ -22,10 +23,12 @@ cd "$(dirname "$0")/../.."
 
 profile=debug
 build_args=(--locked --workspace --bins)
+install_only=""
 case "${1:-}" in
     --release) profile=release; build_args+=(--release) ;;
+    --install) install_only=1 ;;
     "") ;;
-    *) echo "usage: $0 [--release]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--release | --install]" >&2; exit 2 ;;
 esac
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
@@ -44,14 +47,15 @@ if ! command -v chromium >/dev/null; then
     step "installing Debian's chromium"
     export DEBIAN_FRONTEND=noninteractive
     if ! apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-        as_root apt-get update -q
+        as_root apt-get -o DPkg::Lock::Timeout=600 update -q
     fi
-    as_root apt-get install -y -q --no-install-recommends chromium
+    as_root apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends chromium
 fi
 if [ ! -d tests/browser/node_modules ]; then
     step "npm ci (tests/browser)"
     (cd tests/browser && npm ci --no-audit --no-fund)
 fi
+[ -z "$install_only" ] || exit 0
 
 step "cargo build ($profile)"
 cargo build "${build_args[@]}"

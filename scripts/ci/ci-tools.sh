@@ -21,9 +21,9 @@ if ! command -v docker-compose >/dev/null; then
     echo "installing docker-compose (Debian)" >&2
     export DEBIAN_FRONTEND=noninteractive
     # An install from empty package lists finds nothing: refresh them only then.
-    if ! apt-get install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1; then
-        apt-get update -qq >&2
-        apt-get install -y -qq --no-install-recommends docker-compose >&2
+    if ! apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1; then
+        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+        apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends docker-compose >&2
     fi
 fi
 

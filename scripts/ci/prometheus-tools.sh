@@ -10,9 +10,9 @@ if ! command -v promtool >/dev/null; then
     echo "installing promtool (Debian's prometheus package)" >&2
     export DEBIAN_FRONTEND=noninteractive
     # An install from empty package lists finds nothing: refresh them only then.
-    if ! apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; then
-        apt-get update -qq >&2
-        apt-get install -y -qq --no-install-recommends prometheus >&2
+    if ! apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; then
+        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+        apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus >&2
     fi
 fi
 
