@@ -2,7 +2,6 @@
 # The browser test of the demo checkout page, end to end:
 #
 #   scripts/ci/browser-test.sh [--release]
-#   scripts/ci/browser-test.sh --install    only install what it needs (when missing)
 #
 # Starts a real `payrail-sandbox` and a real `stagedoor-checkout` (built with
 # cargo; debug, or release with --release) on free ports against a throwaway
@@ -23,12 +22,10 @@ cd "$(dirname "$0")/../.."
 
 profile=debug
 build_args=(--locked --workspace --bins)
-install_only=""
 case "${1:-}" in
     --release) profile=release; build_args+=(--release) ;;
-    --install) install_only=1 ;;
     "") ;;
-    *) echo "usage: $0 [--release | --install]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--release]" >&2; exit 2 ;;
 esac
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/stagedoor-target}"
@@ -55,7 +52,6 @@ if [ ! -d tests/browser/node_modules ]; then
     step "npm ci (tests/browser)"
     (cd tests/browser && npm ci --no-audit --no-fund)
 fi
-[ -z "$install_only" ] || exit 0
 
 step "cargo build ($profile)"
 cargo build "${build_args[@]}"

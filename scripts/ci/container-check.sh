@@ -7,12 +7,7 @@
 # token signed with the repository's dev secret is refused 401), passes
 # scripts/smoke.sh, and every container exits 0 on its stop signal.
 #
-#   scripts/ci/container-check.sh           (as root; .ci/run runs it)
-#   scripts/ci/container-check.sh --prepare only the tools, the engine and the base images
-#   scripts/ci/container-check.sh --build   the same, then the image's build
-#
-# The partial runs let .ci/run do the slow parts early, beside steps that
-# leave the machine waiting; the full run after them finds their work done.
+#   scripts/ci/container-check.sh        (as root; .ci/run runs it)
 #
 # No registry is reachable from this kind of machine (../shared/NOTES.md), so
 # what a registry would give is made here, each part only when it is missing:
@@ -35,17 +30,6 @@
 #   DOCKER_HOST   an engine to use instead of starting one (when it answers)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-
-until="" # stop after this step: base (--prepare), build (--build), or run all
-case "${1:-}" in
-    "") ;;
-    --prepare) until=base ;;
-    --build) until=build ;;
-    *)
-        echo "usage: $0 [--prepare | --build]" >&2
-        exit 2
-        ;;
-esac
 
 state=/var/tmp/stagedoor-docker # socket, data root, pid file and log of our engine
 compose_file=docker-compose.yml
@@ -143,7 +127,7 @@ command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then
     # An install from empty package lists finds nothing: refresh them only then.
-    # Other installs may run beside this one: wait for dpkg's lock.
+    # Another install (the Citus build's, say) may hold dpkg's lock: wait for it.
     apt=(apt-get -o DPkg::Lock::Timeout=600)
     if ! "${apt[@]}" install -y -q --no-install-recommends "${missing[@]}" >>"$work/apt.log" 2>&1; then
         logged apt "${apt[@]}" update -q
@@ -480,13 +464,8 @@ if [ -z "${STAGEDOOR_BIND:-}" ]; then
     exposed="$(awk '$1 == "port" && $4 != "127.0.0.1" { printf "%s %s:%s; ", $2, $4, $3 }' <<<"$facts")"
     [ -z "$exposed" ] || fail "$compose_file publishes beyond 127.0.0.1: ${exposed%; }"
 fi
-if [ -n "$until" ]; then
-    # Other steps may hold these ports now; the stack's start checks them.
-    step_done "${ports[*]:-none}, on 127.0.0.1 only"
-else
-    check_ports
-    step_done "${ports[*]:-none} free, on 127.0.0.1 only"
-fi
+check_ports
+step_done "${ports[*]:-none} free, on 127.0.0.1 only"
 
 step "base images"
 built_image="$(awk '$1 == "build" { print $3; exit }' <<<"$facts")"
@@ -532,19 +511,11 @@ for image in "${bases[@]}"; do
 done
 joined="$(printf '%s, ' "${report[@]}")"
 step_done "${joined%, }"
-if [ "$until" = base ]; then
-    echo "prepared in $((SECONDS - started)) s"
-    exit 0
-fi
 
 # --- 4. The image, and what an orchestrator relies on in it.
 step "build"
 logged build nice -n 10 "${compose_cmd[@]}" build --force-rm
 step_done "$built_image"
-if [ "$until" = build ]; then
-    echo "built in $((SECONDS - started)) s"
-    exit 0
-fi
 
 step "image"
 user="$(docker image inspect -f '{{.Config.User}}' "$built_image")"

@@ -8,7 +8,6 @@
 #   scripts/ci/openapi-lint.sh             build the service, start it on a fresh database,
 #                                       fetch its document, stop it, drop the database
 #   scripts/ci/openapi-lint.sh BASE_URL    lint the document of a running service
-#   scripts/ci/openapi-lint.sh --install   only install the linters (when missing)
 #
 # The document is saved as $CARGO_TARGET_DIR/openapi.json for a look
 # afterwards. Both linters are npm packages, installed (pinned, only when
@@ -84,14 +83,12 @@ fetch() {
 
 install_linters
 
-if [ "${1:-}" = --install ] && [ "$#" -eq 1 ]; then
-    exit
-elif [ "$#" -eq 1 ]; then
+if [ "$#" -eq 1 ]; then
     fetch "$1"
     lint "$document"
     exit
 elif [ "$#" -ne 0 ]; then
-    echo "usage: $0 [BASE_URL | --install]" >&2
+    echo "usage: $0 [BASE_URL]" >&2
     exit 2
 fi
 

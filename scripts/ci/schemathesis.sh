@@ -6,7 +6,6 @@
 #   scripts/ci/schemathesis.sh                  build the service, start it on a fresh
 #                                            database, fuzz it, stop it, drop the database
 #   scripts/ci/schemathesis.sh BASE_URL TOKEN   fuzz a running service as TOKEN's buyer
-#   scripts/ci/schemathesis.sh --install        only install schemathesis (when missing)
 #
 # SCHEMATHESIS_MAX_EXAMPLES (default 100) bounds the cases per operation;
 # SCHEMATHESIS_SEED (default fixed, so CI runs repeat) or `random`.
@@ -52,13 +51,11 @@ fuzz() {
 
 install_schemathesis
 
-if [ "${1:-}" = --install ] && [ "$#" -eq 1 ]; then
-    exit
-elif [ "$#" -eq 2 ]; then
+if [ "$#" -eq 2 ]; then
     fuzz "$1" "$2"
     exit
 elif [ "$#" -ne 0 ]; then
-    echo "usage: $0 [BASE_URL TOKEN | --install]" >&2
+    echo "usage: $0 [BASE_URL TOKEN]" >&2
     exit 2
 fi
 
