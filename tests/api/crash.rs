@@ -167,14 +167,7 @@ async fn an_order_cut_off_before_its_answer_is_resumed_and_charged_once() {
     );
     let body: Value = serde_json::from_slice(&answer.body).unwrap();
     assert_eq!(body["status"], "paid");
-    let order_id: String = app
-        .db
-        .client()
-        .await
-        .query_one("SELECT order_id::text FROM orders", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let order_id = app.only_order_id().await;
     assert_eq!(
         body["order_id"],
         order_id.as_str(),

@@ -267,6 +267,24 @@ impl TestApp {
         sandbox::ledger(&self.http, &self.sandbox.base_url()).await
     }
 
+    /// The order of the sandbox's last charge (its `reference`).
+    pub async fn last_charged_order(&self) -> String {
+        let charge = self.charges().await.pop().expect("charged");
+        charge["reference"]
+            .as_str()
+            .expect("a reference")
+            .to_owned()
+    }
+
+    /// The id of the database's one order.
+    pub async fn only_order_id(&self) -> String {
+        let client = self.db.client().await;
+        let row = client
+            .query_one("SELECT order_id::text FROM orders", &[])
+            .await;
+        row.expect("one order").get(0)
+    }
+
     /// The instance's `/metrics` page, as text.
     pub async fn metrics(&self) -> String {
         let response = self.http.get(self.url("/metrics")).send().await;

@@ -176,8 +176,7 @@ async fn an_order_settled_by_payrails_event_makes_one_event() {
     app.set_faults(json!({"drop_after_charge_rate": 1.0})).await;
     let (status, _) = click(&app, seats[0], "pm_card_visa").await;
     assert!(status >= 500, "{status}");
-    let charge = app.charges().await.pop().expect("charged");
-    let order_id = charge["reference"].as_str().unwrap().to_owned();
+    let order_id = app.last_charged_order().await;
     let carried = delivered(&receiver, &order_id, Duration::from_secs(10)).await;
     assert_signed_event_of(&app, &carried[0], "order.paid").await;
     assert_one_event_delivered(&app, &receiver, &order_id, &carried).await;
@@ -199,8 +198,7 @@ async fn an_order_settled_by_reconciliation_makes_one_event() {
     let (status, _) = click(&app, seats[0], "pm_card_visa").await;
     assert!(status >= 500, "{status}");
     app.set_faults(json!({})).await;
-    let charge = app.charges().await.pop().expect("charged");
-    let order_id = charge["reference"].as_str().unwrap().to_owned();
+    let order_id = app.last_charged_order().await;
     let carried = delivered(&receiver, &order_id, Duration::from_secs(15)).await;
     assert_signed_event_of(&app, &carried[0], "order.paid").await;
     assert_one_event_delivered(&app, &receiver, &order_id, &carried).await;
@@ -221,14 +219,7 @@ async fn an_order_given_up_makes_one_order_failed_event() {
     let seats = app.seed("ev", 1, 1_000).await;
     let (status, _) = click(&app, seats[0], "pm_card_error").await;
     assert_eq!(status, 503);
-    let order_id: String = app
-        .db
-        .client()
-        .await
-        .query_one("SELECT order_id::text FROM orders", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let order_id = app.only_order_id().await;
     let carried = delivered(&receiver, &order_id, Duration::from_secs(20)).await;
     assert_signed_event_of(&app, &carried[0], "order.failed").await;
     assert_one_event_delivered(&app, &receiver, &order_id, &carried).await;
