@@ -128,58 +128,68 @@
 //! }
 //! ```
 
-#[cfg(feature = "actix")]
-pub mod actix;
-mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
-mod claim; // the right to do an intent's work, and how the work ends
-mod claiming; // copies of one request share the key's statement
-pub mod cleanup; // batched deletion of expired keys
-mod engine; // the engine and the flow of a keyed request
-mod error;
 mod fingerprint; // the request hash
-mod gate; // the optional Redis gate
-pub mod inspect; // key tooling: show, purge, stats
 mod key; // the Idempotency-Key value
-mod layout; // one PostgreSQL or a cluster: the cleanup's slices
-mod limit; // new intents per scope
-mod migrate; // the key table's own migrations
-mod reply; // what a request is answered, and what its key decided
-mod response; // what is stored and replayed
-mod statement; // steps of one call
-mod store; // the key table's claim, its reader and its takeovers
-mod unit; // the atomic step: effect and key state in one transaction
-mod wait; // the waiters of keys in progress
 
-pub use cache::{AnswerCache, CacheEvent, CHANNEL as ANSWER_CHANNEL};
-pub use claim::{Claim, ClaimKind, Done, Policy};
-pub use cleanup::Cleanup;
-pub use engine::Engine;
-pub use error::{is_unavailable, Error};
 pub use fingerprint::RequestHash;
-pub use gate::Gate;
-pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Rearms, Settling, Stats};
 pub use key::{IdempotencyKey, KeyError};
-pub use layout::Layout;
-pub use limit::Limit;
-pub use migrate::{migrate, HISTORY_TABLE};
-pub use reply::{Outcome, Ran, Reply, RunError};
-pub use response::StoredResponse;
-pub use statement::{Opening, OpeningStep, Storing};
-pub use unit::{store_for_effect, Committed, Fence, Unit};
-pub use wait::WaitOutcome;
 
-/// Opens one connection outside any pool (migrations, tools), driven by a
-/// task of its own, secured by `tls` (`tokio_postgres::NoTls` for none).
-pub async fn connect<T>(url: &str, tls: T) -> Result<tokio_postgres::Client, Error>
-where
-    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
-    T::Stream: Send + 'static,
-{
-    let (client, connection) = tokio_postgres::connect(url, tls).await?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::warn!(%error, "database connection closed");
-        }
-    });
-    Ok(client)
+/// Items of the `engine` feature: all but the key parser and the request
+/// hash, which need no I/O dependency.
+macro_rules! engine {
+    ($($item:item)*) => { $( #[cfg(feature = "engine")] $item )* };
+}
+
+engine! {
+    #[cfg(feature = "actix")]
+    pub mod actix;
+    mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
+    mod claim; // the right to do an intent's work, and how the work ends
+    mod claiming; // copies of one request share the key's statement
+    pub mod cleanup; // batched deletion of expired keys
+    mod engine; // the engine and the flow of a keyed request
+    mod error;
+    mod gate; // the optional Redis gate
+    pub mod inspect; // key tooling: show, purge, stats
+    mod layout; // one PostgreSQL or a cluster: the cleanup's slices
+    mod limit; // new intents per scope
+    mod migrate; // the key table's own migrations
+    mod reply; // what a request is answered, and what its key decided
+    mod response; // what is stored and replayed
+    mod statement; // steps of one call
+    mod store; // the key table's claim, its reader and its takeovers
+    mod unit; // the atomic step: effect and key state in one transaction
+    mod wait; // the waiters of keys in progress
+
+    pub use cache::{AnswerCache, CacheEvent, CHANNEL as ANSWER_CHANNEL};
+    pub use claim::{Claim, ClaimKind, Done, Policy};
+    pub use cleanup::Cleanup;
+    pub use engine::Engine;
+    pub use error::{is_unavailable, Error};
+    pub use gate::Gate;
+    pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Rearms, Settling, Stats};
+    pub use layout::Layout;
+    pub use limit::Limit;
+    pub use migrate::{migrate, HISTORY_TABLE};
+    pub use reply::{Outcome, Ran, Reply, RunError};
+    pub use response::StoredResponse;
+    pub use statement::{Opening, OpeningStep, Storing};
+    pub use unit::{store_for_effect, Committed, Fence, Unit};
+    pub use wait::WaitOutcome;
+
+    /// Opens one connection outside any pool (migrations, tools), driven by a
+    /// task of its own, secured by `tls` (`tokio_postgres::NoTls` for none).
+    pub async fn connect<T>(url: &str, tls: T) -> Result<tokio_postgres::Client, Error>
+    where
+        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+        T::Stream: Send + 'static,
+    {
+        let (client, connection) = tokio_postgres::connect(url, tls).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::warn!(%error, "database connection closed");
+            }
+        });
+        Ok(client)
+    }
 }
