@@ -26,8 +26,9 @@
 # (/var/tmp/citus-build: kept, so a later run only installs).
 #
 # Every node also gets the extension and the node list in its `postgres`
-# database: the test profile (STAGEDOOR_TEST_CITUS=1, DATABASE_URL pointing
-# there) makes a cluster database per test from it.
+# database, and in stagedoor_cluster_template: the test profile
+# (STAGEDOOR_TEST_CITUS=1, DATABASE_URL pointing at the coordinator) copies
+# a cluster database per test from the template.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -188,6 +189,26 @@ SELECT citus_add_node('127.0.0.1', ${ports[2]});
 SQL
 }
 
+# The database that the test profile copies each test's database from on
+# every node (test-support's citus::TEMPLATE): the extension and the node
+# list, a file copy per test instead of seconds of CREATE EXTENSION and
+# citus_add_node. Made again at every start, for the extension installed
+# now. No connection may stay in a database being copied: not even Citus's
+# maintenance daemon, which connections refused keep from coming back.
+template=stagedoor_cluster_template
+cluster_template() {
+    local port
+    for port in "${ports[@]}"; do
+        psql_on "$port" postgres -c "DROP DATABASE IF EXISTS $template WITH (FORCE)"
+    done
+    cluster_database "$template"
+    for port in "${ports[@]}"; do
+        psql_on "$port" postgres -Atc "SET client_min_messages = error" \
+            -c "ALTER DATABASE $template WITH ALLOW_CONNECTIONS false" \
+            -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '$template'"
+    done
+}
+
 up() {
     install
     mkdir -p "$dir"
@@ -197,6 +218,7 @@ up() {
         start_node "${names[$i]}" "${ports[$i]}"
     done
     cluster_database postgres >/dev/null
+    cluster_template >/dev/null
     cluster_database "$db" >/dev/null
     local url="postgres://postgres@127.0.0.1:${ports[0]}/$db"
     say "migrating $db"

@@ -1,9 +1,9 @@
 //! The Citus profile: with `STAGEDOOR_TEST_CITUS=1`, `DATABASE_URL` names a
 //! database on the coordinator of a Citus cluster (`scripts/citus.sh` starts
 //! one and prints it), and every [`TestDatabase`](crate::db::TestDatabase)
-//! is a database of that cluster: made on the coordinator and on every
-//! worker, with the extension, and the workers registered with the
-//! coordinator. [`distribute`] then gives the service's tables the layout
+//! is a database of that cluster: copied on the coordinator and on every
+//! worker from [`TEMPLATE`], which holds the extension and the workers
+//! registered with the coordinator. [`distribute`] then gives the service's tables the layout
 //! of `scripts/citus-distribute.sql`, once they exist. [`Worker`] crashes a
 //! worker's server and starts it again, and [`dangling_prepared`] finds the
 //! two-phase commits such a crash left half done.
@@ -65,41 +65,25 @@ async fn execute(url: &str, sql: &str) {
         .unwrap_or_else(|e| panic!("{url}: {sql}: {e}: {:?}", e.as_db_error()));
 }
 
-/// Makes the new database `name` (whose URL on the coordinator is
-/// `coordinator`) a database of the cluster: `CREATE DATABASE` on every
-/// worker (`admin` lists them; `maintenance` is the URL it was opened
-/// with), the extension on every node, and the nodes known to it.
-pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str, coordinator: &str) {
-    // Adding nodes to two databases at once fails on the cluster-wide role
-    // both copy to the workers (`tuple concurrently updated`): one join at a
-    // time, across every test process (they share the maintenance database,
-    // where the lock lives, until `admin` closes or unlocks it).
-    const JOIN_LOCK: i64 = 0x4349_5455_535f_4a4e; // "CITUS_JN"
-    admin
-        .execute("SELECT pg_advisory_lock($1)", &[&JOIN_LOCK])
-        .await
-        .expect("the join lock");
-    let workers = workers(admin).await;
-    for (host, port) in &workers {
+/// The database on every node of the cluster that each test's database is
+/// copied from: the extension, with the nodes registered, made by
+/// `scripts/citus.sh` when it starts the cluster. A copy is a file copy on
+/// each node; making the extension and registering the nodes for every
+/// test took seconds, one test at a time (`citus_add_node` on two
+/// databases at once fails on the roles it copies to the workers).
+pub const TEMPLATE: &str = "stagedoor_cluster_template";
+
+/// Makes `name`, whose coordinator's copy the caller made from
+/// [`TEMPLATE`], on every worker from it too (`admin` lists them;
+/// `maintenance` is the URL it was opened with).
+pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str) {
+    for (host, port) in workers(admin).await {
         execute(
-            &on_node(maintenance, host, *port),
-            &format!("CREATE DATABASE \"{name}\""),
+            &on_node(maintenance, &host, port),
+            &format!("CREATE DATABASE \"{name}\" TEMPLATE {TEMPLATE}"),
         )
         .await;
-        execute(&on_node(coordinator, host, *port), "CREATE EXTENSION citus").await;
     }
-    let config: Config = coordinator.parse().expect("a PostgreSQL URL");
-    let (host, port) = crate::db::host_and_port(&config);
-    let mut sql =
-        format!("CREATE EXTENSION citus; SELECT citus_set_coordinator_host('{host}', {port});");
-    for (host, port) in &workers {
-        sql.push_str(&format!("SELECT citus_add_node('{host}', {port});"));
-    }
-    execute(coordinator, &sql).await;
-    admin
-        .execute("SELECT pg_advisory_unlock($1)", &[&JOIN_LOCK])
-        .await
-        .expect("the join lock");
 }
 
 /// Drops `name` from every worker (the coordinator's copy is the caller's).

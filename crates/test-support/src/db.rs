@@ -107,14 +107,25 @@ impl TestDatabase {
             .await
             .expect("PostgreSQL must run (see README)");
         tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-            .expect("create test database");
-        let url = database_url(maintenance, &name);
         if cluster {
-            crate::citus::join(&client, maintenance, &name, &url).await;
+            let template = crate::citus::TEMPLATE;
+            client
+                .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE {template}"))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "a database from {template}, which scripts/citus.sh makes: {e}: {:?}",
+                        e.as_db_error()
+                    )
+                });
+            crate::citus::join(&client, maintenance, &name).await;
+        } else {
+            client
+                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                .await
+                .expect("create test database");
         }
+        let url = database_url(maintenance, &name);
         Arc::new(Self {
             name,
             url,
