@@ -16,6 +16,10 @@ audit_version="0.22.2"
 deny_version="0.20.2"
 db="${STAGEDOOR_ADVISORY_DB:-../shared/advisory-db}"
 
+# The tools' builds share one folder: cargo-deny reuses most of what
+# cargo-audit compiled (from nothing: 1:12 instead of 2:09), and so does
+# cargo-fuzz (scripts/ci/fuzz.sh).
+export CARGO_TARGET_DIR="${STAGEDOOR_TOOLS_TARGET:-/var/tmp/stagedoor-tools-target}"
 if [ "$(cargo audit --version 2>/dev/null)" != "cargo-audit-audit $audit_version" ]; then
     echo "installing cargo-audit $audit_version" >&2
     # Without its default binary-scanning (`cargo audit bin`), unused here.

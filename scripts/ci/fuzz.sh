@@ -23,7 +23,9 @@ targets=(idempotency_key request_hash)
 if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $fuzz_version" ]; then
     # A debug build: it only drives cargo, and builds in a fraction of the time.
     echo "installing cargo-fuzz $fuzz_version" >&2
-    cargo install --debug --locked --quiet cargo-fuzz --version "$fuzz_version"
+    # In the folder the audit tools were built in (scripts/ci/audit.sh).
+    CARGO_TARGET_DIR="${STAGEDOOR_TOOLS_TARGET:-/var/tmp/stagedoor-tools-target}" \
+        cargo install --debug --locked --quiet cargo-fuzz --version "$fuzz_version"
 fi
 export RUSTC_BOOTSTRAP=1
 unset CARGO_TARGET_DIR # the main build's folder: other flags, it would rebuild both ways
