@@ -26,9 +26,10 @@
 # (/var/tmp/citus-build: kept, so a later run only installs).
 #
 # Every node also gets the extension and the node list in its `postgres`
-# database, and in stagedoor_cluster_template: the test profile
-# (STAGEDOOR_TEST_CITUS=1, DATABASE_URL pointing at the coordinator) copies
-# a cluster database per test from the template.
+# database, and two templates: the test profile (STAGEDOOR_TEST_CITUS=1,
+# DATABASE_URL pointing at the coordinator) copies each test's database
+# from stagedoor_cluster_template, or from stagedoor_cluster_laid_out, which
+# also holds the service's tables, migrated and distributed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -189,24 +190,53 @@ SELECT citus_add_node('127.0.0.1', ${ports[2]});
 SQL
 }
 
-# The database that the test profile copies each test's database from on
-# every node (test-support's citus::TEMPLATE): the extension and the node
-# list, a file copy per test instead of seconds of CREATE EXTENSION and
-# citus_add_node. Made again at every start, for the extension installed
-# now. No connection may stay in a database being copied: not even Citus's
-# maintenance daemon, which connections refused keep from coming back.
-template=stagedoor_cluster_template
-cluster_template() {
+# lay_out DATABASE: the service's migrations (STAGEDOOR_BIN's, else those
+# of `cargo run --release`), then its tables distributed.
+lay_out() {
+    local url="postgres://postgres@127.0.0.1:${ports[0]}/$1"
+    say "migrating $1"
+    if [[ -n "${STAGEDOOR_BIN:-}" ]]; then
+        DATABASE_URL="$url" "$STAGEDOOR_BIN" migrate >&2
+    else
+        DATABASE_URL="$url" cargo run --release --locked --quiet --bin stagedoor-checkout -- migrate >&2
+    fi
+    say "distributing the tables of $1"
+    psql_on "${ports[0]}" "$1" -f scripts/citus-distribute.sql >/dev/null
+}
+
+# closed_for_copies DATABASE: no connection may stay in a database that is
+# copied, not even Citus's maintenance daemon, which refused connections
+# keep from coming back.
+closed_for_copies() {
     local port
     for port in "${ports[@]}"; do
-        psql_on "$port" postgres -c "DROP DATABASE IF EXISTS $template WITH (FORCE)"
+        psql_on "$port" postgres -Atc "SET client_min_messages = error" \
+            -c "ALTER DATABASE $1 WITH ALLOW_CONNECTIONS false" \
+            -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '$1'" >/dev/null
+    done
+}
+
+# The databases that the test profile copies each test's database from, on
+# every node (test-support's citus::TEMPLATE and citus::LAID_OUT): the
+# extension and the node list; and a copy of that with the service's
+# tables migrated and distributed. A copy per test is a file copy, instead
+# of seconds of CREATE EXTENSION, citus_add_node and DDL on every node.
+# Made again at every start, for the extension and the migrations of now.
+template=stagedoor_cluster_template
+laid_out=stagedoor_cluster_laid_out
+cluster_templates() {
+    local port
+    for port in "${ports[@]}"; do
+        psql_on "$port" postgres -c "DROP DATABASE IF EXISTS $laid_out WITH (FORCE)" \
+            -c "DROP DATABASE IF EXISTS $template WITH (FORCE)"
     done
     cluster_database "$template"
+    closed_for_copies "$template"
     for port in "${ports[@]}"; do
-        psql_on "$port" postgres -Atc "SET client_min_messages = error" \
-            -c "ALTER DATABASE $template WITH ALLOW_CONNECTIONS false" \
-            -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '$template'"
+        psql_on "$port" postgres -c "CREATE DATABASE $laid_out TEMPLATE $template"
     done
+    lay_out "$laid_out"
+    closed_for_copies "$laid_out"
 }
 
 up() {
@@ -218,19 +248,11 @@ up() {
         start_node "${names[$i]}" "${ports[$i]}"
     done
     cluster_database postgres >/dev/null
-    cluster_template >/dev/null
+    cluster_templates >/dev/null
     cluster_database "$db" >/dev/null
-    local url="postgres://postgres@127.0.0.1:${ports[0]}/$db"
-    say "migrating $db"
-    if [[ -n "${STAGEDOOR_BIN:-}" ]]; then
-        DATABASE_URL="$url" "$STAGEDOOR_BIN" migrate >&2
-    else
-        DATABASE_URL="$url" cargo run --release --locked --quiet --bin stagedoor-checkout -- migrate >&2
-    fi
-    say "distributing the tables of $db"
-    psql_on "${ports[0]}" "$db" -f scripts/citus-distribute.sql >/dev/null
+    lay_out "$db"
     say "nodes: $(psql_on "${ports[0]}" "$db" -Atc "SELECT string_agg(nodeport::text, ', ' ORDER BY nodeport) FROM pg_dist_node")"
-    echo "DATABASE_URL=$url"
+    echo "DATABASE_URL=postgres://postgres@127.0.0.1:${ports[0]}/$db"
 }
 
 drop() {

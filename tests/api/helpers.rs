@@ -103,7 +103,7 @@ pub async fn spawn_app_with_events(configure: impl FnOnce(&mut Settings)) -> Tes
 }
 
 async fn spawn(configure: impl FnOnce(&mut Settings), events: bool) -> TestApp {
-    let db = TestDatabase::create().await;
+    let db = TestDatabase::create_laid_out().await;
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
     let port = free_port();
     let payrail = test_layer().payrail;
@@ -119,11 +119,17 @@ async fn spawn(configure: impl FnOnce(&mut Settings), events: bool) -> TestApp {
     }
     configure(&mut settings);
     if test_support::citus::enabled() {
-        // Distributed once the tables exist, before anything uses them.
-        stagedoor_checkout::db::migrate(&settings.database)
+        // The copy's tables are migrated and distributed; a migration the
+        // cluster's template lacks would make a table left undistributed.
+        let applied = stagedoor_checkout::db::migrate(&settings.database)
             .await
             .expect("migrations");
-        test_support::citus::distribute(&db.client().await).await;
+        assert_eq!(
+            applied,
+            0,
+            "{} predates {applied} migration(s): start the cluster again (scripts/citus.sh)",
+            test_support::citus::LAID_OUT
+        );
     }
     TestApp::start(db, sandbox, settings).await
 }

@@ -3,7 +3,8 @@
 //! one and prints it), and every [`TestDatabase`](crate::db::TestDatabase)
 //! is a database of that cluster: copied on the coordinator and on every
 //! worker from [`TEMPLATE`], which holds the extension and the workers
-//! registered with the coordinator. [`distribute`] then gives the service's tables the layout
+//! registered with the coordinator (or from [`LAID_OUT`], which also holds
+//! the service's tables). [`distribute`] then gives the service's tables the layout
 //! of `scripts/citus-distribute.sql`, once they exist. [`Worker`] crashes a
 //! worker's server and starts it again, and [`dangling_prepared`] finds the
 //! two-phase commits such a crash left half done.
@@ -73,14 +74,19 @@ async fn execute(url: &str, sql: &str) {
 /// databases at once fails on the roles it copies to the workers).
 pub const TEMPLATE: &str = "stagedoor_cluster_template";
 
-/// Makes `name`, whose coordinator's copy the caller made from
-/// [`TEMPLATE`], on every worker from it too (`admin` lists them;
-/// `maintenance` is the URL it was opened with).
-pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str) {
+/// [`TEMPLATE`] with the service's tables migrated and distributed, by the
+/// service binary `scripts/citus.sh` started the cluster with: a test that
+/// starts the service copies it, instead of the DDL of both on every node.
+pub const LAID_OUT: &str = "stagedoor_cluster_laid_out";
+
+/// Makes `name`, whose coordinator's copy the caller made from `template`,
+/// on every worker from it too (`admin` lists them; `maintenance` is the
+/// URL it was opened with).
+pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str, template: &str) {
     for (host, port) in workers(admin).await {
         execute(
             &on_node(maintenance, &host, port),
-            &format!("CREATE DATABASE \"{name}\" TEMPLATE {TEMPLATE}"),
+            &format!("CREATE DATABASE \"{name}\" TEMPLATE {template}"),
         )
         .await;
     }

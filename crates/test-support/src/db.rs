@@ -92,23 +92,31 @@ impl TestDatabase {
     /// A new database on the server of `maintenance` (a URL of a database
     /// there that exists, `postgres` usually).
     pub async fn create_on(maintenance: &str) -> Arc<Self> {
-        Self::make(maintenance, crate::citus::enabled()).await
+        let cluster = crate::citus::enabled().then_some(crate::citus::TEMPLATE);
+        Self::make(maintenance, cluster).await
+    }
+
+    /// As [`Self::create`]; on the Citus profile, with the service's tables
+    /// already migrated and distributed ([`crate::citus::LAID_OUT`]).
+    pub async fn create_laid_out() -> Arc<Self> {
+        let cluster = crate::citus::enabled().then_some(crate::citus::LAID_OUT);
+        Self::make(&maintenance_url(), cluster).await
     }
 
     /// A new database of the Citus cluster whose coordinator `maintenance`
     /// is on, whatever the profile.
     pub async fn create_on_cluster(maintenance: &str) -> Arc<Self> {
-        Self::make(maintenance, true).await
+        Self::make(maintenance, Some(crate::citus::TEMPLATE)).await
     }
 
-    async fn make(maintenance: &str, cluster: bool) -> Arc<Self> {
+    /// On a Citus cluster, a copy of `template` on every node.
+    async fn make(maintenance: &str, cluster: Option<&str>) -> Arc<Self> {
         let name = format!("stagedoor_test_{}", Uuid::new_v4().simple());
         let (client, connection) = tokio_postgres::connect(maintenance, NoTls)
             .await
             .expect("PostgreSQL must run (see README)");
         tokio::spawn(connection);
-        if cluster {
-            let template = crate::citus::TEMPLATE;
+        if let Some(template) = cluster {
             client
                 .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE {template}"))
                 .await
@@ -118,7 +126,7 @@ impl TestDatabase {
                         e.as_db_error()
                     )
                 });
-            crate::citus::join(&client, maintenance, &name).await;
+            crate::citus::join(&client, maintenance, &name, template).await;
         } else {
             client
                 .batch_execute(&format!("CREATE DATABASE \"{name}\""))
@@ -130,7 +138,7 @@ impl TestDatabase {
             name,
             url,
             maintenance: maintenance.to_owned(),
-            cluster,
+            cluster: cluster.is_some(),
         })
     }
 
