@@ -3,9 +3,10 @@
 //! one and prints it), and every [`TestDatabase`](crate::db::TestDatabase)
 //! is a database of that cluster: copied on the coordinator and on every
 //! worker from [`TEMPLATE`], which holds the extension and the workers
-//! registered with the coordinator (or from [`LAID_OUT`], which also holds
-//! the service's tables). [`distribute`] then gives the service's tables the layout
-//! of `scripts/citus-distribute.sql`, once they exist. [`Worker`] crashes a
+//! registered with the coordinator, or from [`LAID_OUT`], which also holds
+//! the service's tables (`scripts/citus.sh` makes both). [`distribute`]
+//! gives the service's tables of a bare copy the layout of
+//! `scripts/citus-distribute.sql`, once they exist. [`Worker`] crashes a
 //! worker's server and starts it again, and [`dangling_prepared`] finds the
 //! two-phase commits such a crash left half done.
 

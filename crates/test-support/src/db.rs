@@ -116,22 +116,13 @@ impl TestDatabase {
             .await
             .expect("PostgreSQL must run (see README)");
         tokio::spawn(connection);
+        let from = cluster.map_or_else(String::new, |template| format!(" TEMPLATE {template}"));
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{name}\"{from}"))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE{from}: {e}: {:?}", e.as_db_error()));
         if let Some(template) = cluster {
-            client
-                .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE {template}"))
-                .await
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "a database from {template}, which scripts/citus.sh makes: {e}: {:?}",
-                        e.as_db_error()
-                    )
-                });
             crate::citus::join(&client, maintenance, &name, template).await;
-        } else {
-            client
-                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-                .await
-                .expect("create test database");
         }
         let url = database_url(maintenance, &name);
         Arc::new(Self {
