@@ -81,3 +81,54 @@ async fn a_buyer_past_the_limit_gets_429_and_writes_nothing_while_retries_and_ot
     );
     assert_invariants(&app).await;
 }
+
+/// A refusal costs the refused nothing but an in-memory check: past the
+/// limit, a new click is answered 429 with the database gone, where a
+/// click that is not refused finds it gone.
+#[tokio::test]
+async fn a_click_past_the_limit_is_refused_without_a_statement() {
+    let app = spawn_app_with(|s| {
+        s.limits.new_keys_per_sec = 1;
+        s.limits.burst = 1;
+        s.database.pool_timeout_ms = 1_000;
+    })
+    .await;
+    let seats = app.seed("show", 4, 2500).await;
+    let held = Seen::of(app.post_hold("mallory", seats[0], Some(&new_key())).await).await;
+    assert_eq!(held.status, 201);
+
+    // The database takes no connection any more, and the instance's are cut.
+    let maintenance = test_support::db::connect(&test_support::db::maintenance_url()).await;
+    maintenance
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+            name = app.db.name
+        ))
+        .await
+        .unwrap();
+
+    let refused = Seen::of(app.post_hold("mallory", seats[1], Some(&new_key())).await).await;
+    assert_eq!(
+        (refused.status, refused.problem()),
+        (429, "rate-limited".to_owned()),
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert_eq!(app.post_hold("mallory", seats[2], None).await.status(), 429);
+    let order = app
+        .post_order(
+            "mallory",
+            &new_key(),
+            &[held.json()["hold_id"].as_i64().unwrap()],
+            "pm_card_visa",
+        )
+        .await;
+    assert_eq!(order.status(), 429);
+    // Another buyer's click, under its own limit, does meet the database.
+    let other = app
+        .post_hold("alice", seats[3], Some(&new_key()))
+        .await
+        .status();
+    assert!(other.is_server_error(), "{other}");
+}

@@ -16,7 +16,7 @@ use crate::cache::{Asked, Cached};
 use crate::claim::{Claim, Done, Policy};
 use crate::claiming::{Claiming, Join};
 use crate::reply::{Outcome, Ran, Reply, RunError};
-use crate::store::{self, Begin, Found};
+use crate::store::{self, Begin};
 use crate::unit::{self, Fence};
 use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
 use crate::{
@@ -208,19 +208,15 @@ impl Engine {
         // starts an intent, so that a retry (a replay, a 409, a 422, the
         // takeover of an abandoned claim, which finishes an intent rather
         // than starting one) never spends one, and a first click pays no
-        // statement for the limit. Past the limit the row is read first: a
-        // retry is still answered, and a new intent writes nothing.
+        // statement for the limit. Past the limit the refusal costs nothing
+        // but this check: no statement, so that a buyer flooding new keys
+        // cannot spend the database's time. A retry past it that neither
+        // the answer cache nor a copy in flight (above) could answer is
+        // refused too, and answered once its `Retry-After` has passed.
         let spent = match &self.limit {
             Some(limit) => match limit.take(user_id) {
                 Ok(()) => Some(limit),
-                Err(wait) => {
-                    let client = self.pool.get().await?;
-                    match store::find(&client, self.policy, user_id, key, hash).await? {
-                        (Found::Decided(begun), life) => return Ok(learned(begun, None, life)),
-                        (Found::Abandoned(_), _) => None,
-                        (Found::New, _) => return Ok(Decision::of(Begin::Limited(wait))),
-                    }
-                }
+                Err(wait) => return Ok(Decision::of(Begin::Limited(wait))),
             },
             None => None,
         };

@@ -650,7 +650,7 @@ async fn steps_of_one_call_are_fenced_by_the_claim() {
 }
 
 #[tokio::test]
-async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answered() {
+async fn past_the_limit_nothing_is_read_or_written_and_a_retry_is_answered_once_it_refills() {
     let toy = &toy().await;
     let one = std::num::NonZeroU32::MIN;
     let engine = toy
@@ -674,9 +674,29 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
     let Reply::First(answer) = bump("first").await else {
         panic!("the first intent fits the burst");
     };
-    assert!(matches!(bump("second").await, Reply::Limited(wait) if wait > Duration::ZERO));
-    let client = toy.pool.get().await.unwrap();
-    let rows: i64 = client
+    // Every connection of the pool is taken: a refusal that sent a
+    // statement would wait for one.
+    let mut taken = Vec::new();
+    for _ in 0..toy.pool.status().max_size {
+        taken.push(toy.pool.get().await.unwrap());
+    }
+    let refused = tokio::time::timeout(Duration::from_secs(1), bump("second"))
+        .await
+        .expect("refused without waiting for a connection");
+    let Reply::Limited(wait) = refused else {
+        panic!("past the limit: {refused:?}");
+    };
+    assert!(wait > Duration::ZERO);
+    let retry = tokio::time::timeout(Duration::from_secs(1), bump("first"))
+        .await
+        .expect("a retry past the limit is refused without a statement too");
+    assert!(matches!(retry, Reply::Limited(_)), "{retry:?}");
+    drop(taken);
+    let rows: i64 = toy
+        .pool
+        .get()
+        .await
+        .unwrap()
         .query_one(
             "SELECT count(*) FROM idempotency_keys WHERE key = 'second'",
             &[],
@@ -685,9 +705,10 @@ async fn past_the_limit_a_new_intent_writes_nothing_and_a_retry_is_still_answere
         .unwrap()
         .get(0);
     assert_eq!(rows, 0, "nothing is written for a refused intent");
+    tokio::time::sleep(wait).await;
     assert!(
         matches!(bump("first").await, Reply::Replay(ref replay) if *replay == answer),
-        "a retry of an answered key is never limited"
+        "once the bucket refills, the retry gets its answer"
     );
     let other = engine
         .run(

@@ -199,7 +199,7 @@ async fn replays_409s_and_422s_spend_no_token_of_the_new_click_limit() {
 }
 
 #[tokio::test]
-async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
+async fn an_abandoned_key_is_taken_over_once_its_scope_is_under_the_limit_again() {
     let toy = &toy().await;
     let lease = Duration::from_secs(1);
     let engine = toy
@@ -233,22 +233,35 @@ async fn an_abandoned_key_is_taken_over_while_its_scope_is_over_the_limit() {
                 .unwrap()
         }
     };
-    // The bucket's one token goes to a new click; the takeover needs none.
-    let fresh = engine
-        .run(
-            "alice",
-            &key("b"),
-            &hash("{}"),
-            None,
-            Duration::ZERO,
-            |claim| async move { toy.answer(&claim).await },
-        )
-        .await
-        .map(|ran| ran.reply)
-        .unwrap();
-    assert!(matches!(fresh, Reply::First(_)));
+    let fresh = |k: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .run(
+                    "alice",
+                    &key(k),
+                    &hash("{}"),
+                    None,
+                    Duration::ZERO,
+                    |claim| async move { toy.answer(&claim).await },
+                )
+                .await
+                .map(|ran| ran.reply)
+                .unwrap()
+        }
+    };
+    // The bucket's one token goes to a new click. Past the limit the
+    // takeover is refused like any request that would need a statement...
+    assert!(matches!(fresh("b").await, Reply::First(_)));
+    let Reply::Limited(wait) = run("a").await else {
+        panic!("refused past the limit");
+    };
+    // ... and once a token is back, it is taken over without spending it:
+    // a new click still finds it.
+    tokio::time::sleep(wait).await;
     let taken = run("a").await;
     assert!(matches!(taken, Reply::First(_)), "{taken:?}");
+    assert!(matches!(fresh("c").await, Reply::First(_)));
 }
 
 #[tokio::test]
