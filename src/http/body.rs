@@ -15,15 +15,17 @@ use super::AppState;
 /// The whole body, or the refusal. actix bounds only the time a head takes
 /// to arrive; without this deadline a client that sends a head and then a
 /// byte now and then would keep a socket and a growing buffer for as long
-/// as it likes. Every handler reads its body before it claims a key or
-/// writes anything, so a request that runs out of time has changed nothing.
+/// as it likes. The deadline is the request's, counted from its first byte
+/// (`watch::deadline`): what the head took, the body has not. Every handler
+/// reads its body before it claims a key or writes anything, so a request
+/// that runs out of time has changed nothing.
 pub async fn read(
     req: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
 ) -> Result<Bytes, Problem> {
-    tokio::time::timeout(
-        state.request_timeout,
+    tokio::time::timeout_at(
+        super::watch::deadline(req, state.request_timeout),
         collect(req, payload, state.max_body_bytes),
     )
     .await

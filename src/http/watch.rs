@@ -1,63 +1,75 @@
-//! The head deadline actix leaves out. actix times the head of a
-//! connection's first request only (`client_request_timeout`, from its
-//! first byte): on a reused (keep-alive) connection, the next request's head
-//! could come a byte at a time for ever and hold the socket. So each
-//! connection is watched: a second descriptor of its socket, and when it
-//! was accepted or last answered. One whose next request has not reached
-//! the service [`KEEP_ALIVE`] + `http.request_timeout_secs` after that is
-//! shut down, whether it sent part of a head or nothing at all. actix closes
-//! a reused connection that stays silent for [`KEEP_ALIVE`], so a request
-//! cut there had at least `http.request_timeout_secs` from its first byte,
-//! and at most [`KEEP_ALIVE`] more. Bodies have their deadline in
-//! `body::read`. The cost: a second descriptor per open connection.
+//! The request deadline actix leaves out: a request's head and body must
+//! both have arrived `http.request_timeout_secs` after its first byte.
+//! actix times the head of a connection's first request only
+//! (`client_request_timeout`), and nothing of a body: on a reused
+//! (keep-alive) connection the next head could come a byte at a time for
+//! ever, and any body could be read again for as long.
+//!
+//! So each connection is watched by a task of its own, with a second
+//! descriptor of its socket, that sees the first byte of each request
+//! arrive (the socket turning readable while the connection is idle). A
+//! request whose head has not reached the service `http.request_timeout_secs`
+//! after that is shut down; the body's reader (`body::read`) gets the same
+//! deadline ([`deadline`]). A connection silent for longer than
+//! [`KEEP_ALIVE`] is closed by actix; one the watch missed a first byte of
+//! (a pipelined request, sent before the previous answer) is shut down at
+//! the latest [`KEEP_ALIVE`] later. The cost: a second descriptor and a
+//! task per open connection, which end with it.
 
 use std::any::Any;
-use std::net::{Shutdown, TcpStream};
+use std::io;
+use std::net::Shutdown;
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Extensions, ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use tokio::sync::oneshot;
+use actix_web::HttpRequest;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How long actix keeps a silent connection open between requests: its
 /// default, set explicitly since the watch counts on it.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
+/// Where a connection is in its current request.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Accepted then, and nothing of a request seen since.
+    Idle(Instant),
+    /// Answered then, and nothing of a next request seen since.
+    Answered(Instant),
+    /// A request's first byte came then; its head has not reached the
+    /// service yet.
+    Arriving(Instant),
+    /// A request is in the service; it started arriving then.
+    InService(Instant),
+}
+
+/// A connection's phase, kept in its extensions: dropped with the
+/// connection, which ends its patrol.
 pub struct Watch {
-    /// The connection's socket, a second descriptor of it: closed with the
-    /// connection (the extensions that hold the watch go with it).
-    socket: TcpStream,
-    /// When the connection was accepted or last answered; `None` while a
-    /// request is in the service.
-    idle_since: Mutex<Option<Instant>>,
-    /// Dropped with the connection, which ends its patrol at once: a flood
-    /// of short connections leaves no timers behind.
-    _closed: oneshot::Sender<()>,
+    phase: watch::Sender<Phase>,
+    timeout: Duration,
 }
 
 impl Watch {
-    fn set_idle_since(&self, since: Option<Instant>) {
-        *self
-            .idle_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = since;
-    }
-
-    fn idle_since(&self) -> Option<Instant> {
-        *self
-            .idle_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// When the request in the service must have arrived whole.
+    fn deadline(&self) -> Option<Instant> {
+        match *self.phase.borrow() {
+            Phase::InService(started) => Some(started + self.timeout),
+            Phase::Idle(_) | Phase::Answered(_) | Phase::Arriving(_) => None,
+        }
     }
 }
 
 /// For `HttpServer::on_connect`: watches each new connection, shutting it
-/// down once it has been idle or sending a head for `deadline`.
-pub fn on_connect(deadline: Duration) -> impl Fn(&dyn Any, &mut Extensions) + Send + Sync {
+/// down once a request's head has taken `timeout` from its first byte.
+pub fn on_connect(timeout: Duration) -> impl Fn(&dyn Any, &mut Extensions) + Send + Sync {
     move |connection, extensions| {
         let Some(stream) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() else {
             return;
@@ -66,42 +78,85 @@ pub fn on_connect(deadline: Duration) -> impl Fn(&dyn Any, &mut Extensions) + Se
         let Ok(socket) = stream.as_fd().try_clone_to_owned() else {
             return;
         };
-        let (closed_tx, closed) = oneshot::channel();
-        let watch = Arc::new(Watch {
-            socket: TcpStream::from(socket),
-            idle_since: Mutex::new(Some(Instant::now())),
-            _closed: closed_tx,
-        });
-        actix_web::rt::spawn(patrol(Arc::downgrade(&watch), deadline, closed));
+        let Ok(socket) = TcpStream::from_std(std::net::TcpStream::from(socket)) else {
+            return;
+        };
+        let (phase, seen) = watch::channel(Phase::Idle(Instant::now()));
+        let watch = Arc::new(Watch { phase, timeout });
+        actix_web::rt::spawn(patrol(socket, Arc::downgrade(&watch), seen, timeout));
         extensions.insert(watch);
     }
 }
 
-/// Wakes at most once per `deadline` while the connection lives, and ends
-/// with it.
-async fn patrol(watch: Weak<Watch>, deadline: Duration, mut closed: oneshot::Receiver<()>) {
+/// Follows one connection's phases until it closes: marks each request's
+/// first byte, and shuts the connection down when a head or an idle spell
+/// runs past its deadline.
+async fn patrol(
+    socket: TcpStream,
+    watch: Weak<Watch>,
+    mut seen: watch::Receiver<Phase>,
+    timeout: Duration,
+) {
+    let mut forgotten = None;
     loop {
-        // The watch is held only between sleeps: its descriptor must close
-        // when the connection does.
-        let next = {
-            let Some(watch) = watch.upgrade() else {
-                return;
-            };
-            match watch.idle_since() {
-                Some(since) if since + deadline <= Instant::now() => {
-                    // actix then reads the end of the stream and closes.
-                    let _ = watch.socket.shutdown(Shutdown::Both);
-                    return;
+        let phase = *seen.borrow_and_update();
+        let deadline = match phase {
+            Phase::Idle(since) => Some(since + KEEP_ALIVE + timeout),
+            Phase::Answered(since) => {
+                // Readiness left from the bytes of the request just
+                // answered says nothing of the next one. (A new
+                // connection's is its first request's.)
+                if forgotten != Some(since) {
+                    forget_readiness(&socket);
+                    forgotten = Some(since);
                 }
-                Some(since) => since + deadline,
-                None => Instant::now() + deadline,
+                Some(since + KEEP_ALIVE + timeout)
+            }
+            Phase::Arriving(at) => Some(at + timeout),
+            Phase::InService(_) => None,
+        };
+        let expired = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            _ = &mut closed => return,
+            changed = seen.changed() => {
+                if changed.is_err() {
+                    // The connection is gone, and its watch with it.
+                    return;
+                }
+            }
+            () = expired => {
+                // actix then reads the end of the stream and closes.
+                if let Ok(socket) = socket.into_std() {
+                    let _ = socket.shutdown(Shutdown::Both);
+                }
+                return;
+            }
+            _ = socket.readable(), if matches!(phase, Phase::Idle(_) | Phase::Answered(_)) => {
+                forget_readiness(&socket);
+                let Some(watch) = watch.upgrade() else { return };
+                let now = Instant::now();
+                watch.phase.send_if_modified(|phase| match phase {
+                    Phase::Idle(_) | Phase::Answered(_) => {
+                        *phase = Phase::Arriving(now);
+                        true
+                    }
+                    Phase::Arriving(_) | Phase::InService(_) => false,
+                });
+            }
         }
     }
+}
+
+/// Clears what the reactor knows of the socket's readiness without reading
+/// a byte (the bytes are actix's): the next `readable` waits for new ones.
+fn forget_readiness(socket: &TcpStream) {
+    let _ = socket.try_io(Interest::READABLE, || {
+        Err::<(), _>(io::ErrorKind::WouldBlock.into())
+    });
 }
 
 /// Middleware: a request in the service is no head still arriving; its
@@ -112,11 +167,27 @@ pub async fn track(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let watch = req.conn_data::<Arc<Watch>>().cloned();
     if let Some(watch) = &watch {
-        watch.set_idle_since(None);
+        let now = Instant::now();
+        // A head that came in one read can reach the service before the
+        // patrol saw its first byte: it started now.
+        watch.phase.send_modify(|phase| {
+            *phase = match *phase {
+                Phase::Arriving(at) => Phase::InService(at),
+                Phase::Idle(_) | Phase::Answered(_) | Phase::InService(_) => Phase::InService(now),
+            }
+        });
     }
     let response = next.call(req).await;
     if let Some(watch) = &watch {
-        watch.set_idle_since(Some(Instant::now()));
+        watch.phase.send_replace(Phase::Answered(Instant::now()));
     }
     response
+}
+
+/// When the request's body must have arrived: `http.request_timeout_secs`
+/// after its first byte (from now where the connection is not watched).
+pub fn deadline(req: &HttpRequest, timeout: Duration) -> Instant {
+    req.conn_data::<Arc<Watch>>()
+        .and_then(|watch| watch.deadline())
+        .unwrap_or_else(|| Instant::now() + timeout)
 }

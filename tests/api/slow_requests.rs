@@ -135,3 +135,87 @@ async fn the_next_head_on_a_reused_connection_cannot_stall_for_ever() {
     let read = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut rest)).await;
     assert!(read.is_ok(), "the server closed the connection: {read:?}");
 }
+
+/// Sends a keyed order's head a line at a time over about 2 s, then half
+/// its body, and stalls; how long after the head's first byte the 408
+/// came, and the answer.
+async fn slow_head_then_stalled_body(
+    app: &TestApp,
+    hold: i64,
+    stream: &mut tokio::net::TcpStream,
+) -> (Duration, String) {
+    let body = order_body(&[hold], "pm_card_visa");
+    let lines = [
+        "POST /orders HTTP/1.1\r\n".to_owned(),
+        "Host: localhost\r\n".to_owned(),
+        format!("Authorization: Bearer {}\r\n", app.token("alice")),
+        format!("Idempotency-Key: {}\r\n", new_key()),
+        "Content-Type: application/json\r\n".to_owned(),
+        format!("Content-Length: {}\r\n", body.len()),
+    ];
+    let first_byte = tokio::time::Instant::now();
+    for line in &lines {
+        stream.write_all(line.as_bytes()).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let rest = format!("\r\n{}", &body[..body.len() / 2]);
+    stream.write_all(rest.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"}") {
+        let mut buf = [0u8; 2048];
+        let read = tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await;
+        let n = read.expect("an answer in time").expect("read");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    (
+        first_byte.elapsed(),
+        String::from_utf8_lossy(&answer).into_owned(),
+    )
+}
+
+/// SPEC §12: head and body together within `http.request_timeout_secs` of
+/// the first byte, not the head's time and then the body's as long again;
+/// on a new connection and on a reused one (where the request's first
+/// byte comes after an idle spell, which does not count).
+#[tokio::test]
+async fn a_slow_head_leaves_its_body_only_the_rest_of_the_requests_time() {
+    let app = spawn_app_with(|s| s.http.request_timeout_secs = 3).await;
+    let seats = app.seed("deadline", 2, 1_000).await;
+    let holds = [
+        app.hold("alice", seats[0]).await,
+        app.hold("alice", seats[1]).await,
+    ];
+    let mut fresh = tokio::net::TcpStream::connect(("127.0.0.1", app.port))
+        .await
+        .expect("connect");
+    let (took, answer) = slow_head_then_stalled_body(&app, holds[0], &mut fresh).await;
+    assert_408(&answer, "a new connection");
+    assert!(
+        (Duration::from_millis(2_900)..Duration::from_millis(4_200)).contains(&took),
+        "a new connection: 408 {took:?} after the first byte, for 3 s"
+    );
+
+    let mut reused = tokio::net::TcpStream::connect(("127.0.0.1", app.port))
+        .await
+        .expect("connect");
+    reused
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).ends_with(r#"{"status":"ok"}"#) {
+        let mut buf = [0u8; 1024];
+        let n = reused.read(&mut buf).await.expect("the first answer");
+        assert!(n > 0, "closed before the first answer");
+        first.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (took, answer) = slow_head_then_stalled_body(&app, holds[1], &mut reused).await;
+    assert_408(&answer, "a reused connection");
+    assert!(
+        (Duration::from_millis(2_900)..Duration::from_millis(4_200)).contains(&took),
+        "a reused connection: 408 {took:?} after the request's first byte, for 3 s"
+    );
+    assert!(app.charges().await.is_empty(), "no charge");
+}
