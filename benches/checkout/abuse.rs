@@ -7,8 +7,8 @@
 //! body under a 120 KiB `Payrail-Signature` of empty `v1=` entries and a
 //! current timestamp (no secret needed); keeps 500 connections stalled,
 //! half in the middle of a request's head, half in the middle of an event's
-//! body; clicks `pm_card_error` as one buyer (Payrail answers 500 and
-//! charges nothing: failures meant to open the circuit breaker for
+//! body; clicks `pm_card_error` as five buyers at once (Payrail answers 500
+//! and charges nothing: failures meant to open the circuit breaker for
 //! everyone); and tries, as another buyer, to hold every seat of an event.
 //! The service runs with the shipped defaults for what these attacks meet
 //! (the breaker, the per-buyer limits, the request timeout).
@@ -45,6 +45,9 @@ const HOARDED_EVENT: &str = "hoarded";
 const HOARDED_SEATS: i64 = 5_000;
 const STALLED_CONNECTIONS: usize = 500;
 const SIGNATURE_FLOODERS: usize = 4;
+/// The accounts whose failing clicks try to open the breaker: as many as
+/// `payrail.breaker_failures`' default, the most it is made to withstand.
+const BREAKER_ACCOUNTS: usize = 5;
 /// Honest buyers who try to hold a seat of the hoarded event afterwards.
 const HONEST_HOLDERS: usize = 20;
 /// Each attacking task's pause between two requests: the attack is measured
@@ -55,8 +58,8 @@ const ATTACKER_PAUSE: Duration = Duration::from_millis(5);
 pub async fn abuse(bench: &mut Bench) {
     println!(
         "\n== abuse: first clicks at {CONCURRENCY} concurrent, quiet against under attack \
-         (signature floods, {STALLED_CONNECTIONS} stalled connections, a buyer opening the \
-         breaker, a buyer hoarding holds), alternated"
+         (signature floods, {STALLED_CONNECTIONS} stalled connections, {BREAKER_ACCOUNTS} \
+         buyers opening the breaker, a buyer hoarding holds), alternated"
     );
     let settings = attacked_settings(bench);
     let tokens = Tokens::new(&settings.auth.jwt_secret).expect("auth.jwt_secret");
@@ -292,14 +295,17 @@ impl Attack {
                 stop.clone(),
             ));
         }
-        tasks.spawn(breaker_opener(
-            http.clone(),
-            url.to_owned(),
-            seats.clone(),
-            bearer(tokens, "mallory"),
-            tally.clone(),
-            stop.clone(),
-        ));
+        for account in 0..BREAKER_ACCOUNTS {
+            tasks.spawn(breaker_opener(
+                http.clone(),
+                url.to_owned(),
+                seats.clone(),
+                bearer(tokens, &format!("mallory-{account}")),
+                account,
+                tally.clone(),
+                stop.clone(),
+            ));
+        }
         tasks.spawn(hoarder(
             http,
             url.to_owned(),
@@ -403,17 +409,22 @@ async fn stalled(address: String, in_head: bool, tally: Arc<Tally>, stop: Cancel
     }
 }
 
-/// One buyer's clicks paid with `pm_card_error`: Payrail answers 500 to
-/// every attempt. Each click holds a seat of the hoarded event first.
+/// One attacking account's clicks paid with `pm_card_error`: Payrail
+/// answers 500 to every attempt. Each click holds a seat of the hoarded
+/// event first.
 async fn breaker_opener(
     http: reqwest::Client,
     url: String,
     seats: Arc<Vec<i64>>,
     auth: String,
+    account: usize,
     tally: Arc<Tally>,
     stop: CancellationToken,
 ) {
-    for seat in seats.iter().cycle() {
+    // Each account from its own place in the event, so that they seldom
+    // want the same seat.
+    let start = account * seats.len() / (2 * BREAKER_ACCOUNTS);
+    for seat in seats.iter().cycle().skip(start) {
         if stop.is_cancelled() {
             break;
         }

@@ -29,7 +29,7 @@ pub async fn place(
     payment_method: &str,
 ) -> Result<StoredResponse, String> {
     NewOrder::parse(hold_ids.clone(), payment_method).map_err(|e| e.to_string())?;
-    payrail.ready(user_id).map_err(|e| e.to_string())?;
+    payrail.ready().map_err(|e| e.to_string())?;
     let order_id = Uuid::new_v4();
     let row = {
         let client = pool.get().await.map_err(|e| e.to_string())?;

@@ -71,9 +71,7 @@ pub async fn create(
     // its key: refused in the work, after the claim.
     let click = NewOrder::parse(hold_ids, &payment_method).map(Click::new);
     let click = click.as_ref().map_err(|refusal| *refusal);
-    let opening = click
-        .ok()
-        .and_then(|click| orders.opening(buyer.0.as_str(), click));
+    let opening = click.ok().and_then(|click| orders.opening(click));
     idempotent::run(
         &state,
         &buyer.0,

@@ -1,20 +1,22 @@
-//! A circuit breaker that follows Payrail's health, not one buyer's card.
+//! A circuit breaker that follows Payrail's health, not a few buyers' cards.
 //!
-//! Closed, it counts failed attempts since the last success, by buyer: each
-//! buyer counts for at most half of `failures` (rounded up), and it opens
-//! only once the count reaches `failures` with at least two buyers in it. One
-//! buyer whose card makes Payrail fail (or who makes it fail on purpose, over
-//! and over) can thus never open it alone; failures of several buyers still
-//! do, as before. Open, it refuses calls for `open_for`; then it lets one
-//! probe through at a time. A probe that succeeds closes it. A probe that
-//! fails hands the next probe to another buyer, and reopens it only when the
-//! probes of two buyers in a row have failed: a buyer who keeps failing can
-//! neither take every probe nor keep it open by failing them.
+//! It decides by buyers, not by calls: it remembers the last `2 × failures`
+//! distinct buyers whose clicks reached Payrail, each with the outcome of
+//! their latest attempt, and opens when more than half of them (one more
+//! than `failures` at least) failed. A buyer counts once however often they click, so
+//! up to `failures` accounts whose cards make Payrail fail (on purpose,
+//! over and over) can never open it, whether or not anyone else is
+//! clicking; a real outage, in which every buyer's attempt fails, opens it
+//! after the clicks of one buyer more than `failures`. Open, it refuses every call for
+//! `open_for`; then it closes with nothing remembered, and the next buyers'
+//! clicks decide afresh. There is no single probe for an attacker to take:
+//! as many buyers as opened it must fail again to reopen it
+//! (docs/decisions/0013-breaker-counts-buyers.md).
 //!
 //! Per instance, in memory: it guards this process's view of Payrail and
-//! needs no shared state. The closed count holds at most `failures` buyers
-//! (each adds one at least), so it stays small.
+//! needs no shared state. It holds at most `2 × failures` buyers.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,8 +29,10 @@ pub(super) const OPEN: Gauge = Gauge::new(
 
 #[derive(Debug)]
 pub struct Breaker {
-    failures_to_open: u32,
-    per_buyer: u32,
+    /// Failing buyers past which the breaker opens: `failures + 1`.
+    to_open: usize,
+    /// How many buyers it remembers: `2 × failures`.
+    window: usize,
     open_for: Duration,
     state: Mutex<State>,
 }
@@ -36,117 +40,77 @@ pub struct Breaker {
 #[derive(Debug)]
 enum State {
     Closed {
-        /// Each failing buyer and the failures counted for them (at most
-        /// `per_buyer`), since the last success.
-        failed: Vec<(String, u32)>,
+        /// The latest buyers to reach Payrail, oldest first, each once,
+        /// with whether their latest attempt failed.
+        buyers: VecDeque<(String, bool)>,
     },
-    /// Refusing until `until`; the first call after it is the probe.
-    Open {
-        until: Instant,
-        /// The buyer whose call is the probe now.
-        prober: Option<String>,
-        /// The buyer whose probe failed last: the next probe is another's.
-        failed_prober: Option<String>,
-    },
+    /// Refusing every call until then.
+    Open { until: Instant },
 }
 
 impl Breaker {
-    pub fn new(failures_to_open: u32, open_for: Duration) -> Self {
-        let failures_to_open = failures_to_open.max(1);
+    pub fn new(failures: u32, open_for: Duration) -> Self {
+        let failures = usize::try_from(failures.max(1)).unwrap_or(usize::MAX / 2);
         Self {
-            failures_to_open,
-            per_buyer: failures_to_open.div_ceil(2),
+            to_open: failures + 1,
+            window: failures * 2,
             open_for,
-            state: Mutex::new(State::Closed { failed: Vec::new() }),
+            state: Mutex::new(State::Closed {
+                buyers: VecDeque::new(),
+            }),
         }
     }
 
-    /// `Ok` when `buyer`'s call may go out; else how long until it may try.
-    pub fn allow(&self, buyer: &str) -> Result<(), Duration> {
+    /// `None` while calls may go out; else how long until they may.
+    pub fn open(&self) -> Option<Duration> {
         let mut state = self.lock();
-        let State::Open {
-            until,
-            prober,
-            failed_prober,
-        } = &mut *state
-        else {
-            return Ok(());
+        let State::Open { until } = *state else {
+            return None;
         };
-        let now = Instant::now();
-        if now < *until {
-            return Err(*until - now);
-        }
-        if failed_prober.as_deref() == Some(buyer) {
-            return Err(self.open_for);
-        }
-        // Half-open: this call is the probe; everyone else keeps waiting
-        // until it reports (or until another `open_for` passes, should the
-        // probe never report).
-        *until = now + self.open_for;
-        *prober = Some(buyer.to_owned());
-        Ok(())
-    }
-
-    /// Like `allow`, without taking the probe.
-    pub fn is_open(&self, buyer: &str) -> Option<Duration> {
-        match &*self.lock() {
-            State::Closed { .. } => None,
-            State::Open { failed_prober, .. } if failed_prober.as_deref() == Some(buyer) => {
-                Some(self.open_for)
-            }
-            State::Open { until, .. } => until.checked_duration_since(Instant::now()),
-        }
-    }
-
-    pub fn record_success(&self) {
-        let mut state = self.lock();
-        if matches!(*state, State::Open { .. }) {
+        let left = until.checked_duration_since(Instant::now());
+        if left.is_none() {
             tracing::info!("payrail circuit breaker closed");
             OPEN.get().set(0.0);
+            *state = State::Closed {
+                buyers: VecDeque::new(),
+            };
         }
-        *state = State::Closed { failed: Vec::new() };
+        left
+    }
+
+    pub fn record_success(&self, buyer: &str) {
+        self.record(buyer, false);
     }
 
     pub fn record_failure(&self, buyer: &str) {
+        self.record(buyer, true);
+    }
+
+    fn record(&self, buyer: &str, failed: bool) {
         let mut state = self.lock();
-        let next = match &mut *state {
-            State::Closed { failed } => {
-                match failed.iter_mut().find(|(who, _)| who == buyer) {
-                    Some((_, counted)) => *counted = (*counted + 1).min(self.per_buyer),
-                    None => failed.push((buyer.to_owned(), 1)),
-                }
-                let counted: u32 = failed.iter().map(|(_, counted)| counted).sum();
-                if failed.len() < 2 || counted < self.failures_to_open {
-                    return;
-                }
-                tracing::warn!(
-                    failures = counted,
-                    buyers = failed.len(),
-                    "payrail circuit breaker opened"
-                );
-                OPEN.get().set(1.0);
-                None
-            }
-            // A call let through before it opened: nothing new.
-            State::Open { prober, .. } if prober.as_deref() != Some(buyer) => return,
-            State::Open { failed_prober, .. } => match failed_prober.take() {
-                Some(earlier) if earlier != buyer => None,
-                // The first failed probe, or the same buyer's again: the next
-                // call of another buyer probes at once.
-                _ => Some(buyer.to_owned()),
-            },
+        // A call let through before it opened: nothing new.
+        let State::Closed { buyers } = &mut *state else {
+            return;
         };
-        *state = match next {
-            None => State::Open {
-                until: Instant::now() + self.open_for,
-                prober: None,
-                failed_prober: None,
-            },
-            Some(failed_prober) => State::Open {
-                until: Instant::now(),
-                prober: None,
-                failed_prober: Some(failed_prober),
-            },
+        if let Some(at) = buyers.iter().position(|(who, _)| who == buyer) {
+            buyers.remove(at);
+        }
+        buyers.push_back((buyer.to_owned(), failed));
+        if buyers.len() > self.window {
+            buyers.pop_front();
+        }
+        let failing = buyers.iter().filter(|(_, failed)| *failed).count();
+        if failing < self.to_open {
+            return;
+        }
+        tracing::warn!(
+            failing_buyers = failing,
+            buyers = buyers.len(),
+            "payrail circuit breaker opened"
+        );
+        OPEN.get().set(1.0);
+        *state = State::Open {
+            until: Instant::now() + self.open_for,
         };
     }
 
@@ -164,18 +128,21 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3_600);
 
+    fn buyer(i: usize) -> String {
+        format!("buyer-{i}")
+    }
+
     #[test]
-    fn opens_after_failures_of_several_buyers_and_a_success_resets_the_count() {
-        let breaker = Breaker::new(3, HOUR);
-        breaker.record_failure("alice");
-        breaker.record_failure("bob");
-        breaker.record_success();
-        breaker.record_failure("alice");
-        breaker.record_failure("bob");
-        assert!(breaker.allow("carol").is_ok());
-        breaker.record_failure("carol");
-        assert!(breaker.allow("carol").is_err());
-        assert!(breaker.is_open("dave").is_some());
+    fn an_outage_opens_it_after_one_more_buyer_than_failures() {
+        for failures in [1, 2, 5] {
+            let breaker = Breaker::new(failures, HOUR);
+            for i in 0..failures as usize {
+                breaker.record_failure(&buyer(i));
+                assert!(breaker.open().is_none(), "{failures}: {i}");
+            }
+            breaker.record_failure(&buyer(failures as usize));
+            assert!(breaker.open().is_some(), "{failures}");
+        }
     }
 
     #[test]
@@ -183,78 +150,76 @@ mod tests {
         for failures in [1, 2, 5] {
             let breaker = Breaker::new(failures, HOUR);
             for _ in 0..100 {
-                assert!(breaker.allow("mallory").is_ok());
+                assert!(breaker.open().is_none());
                 breaker.record_failure("mallory");
             }
-            assert!(breaker.allow("alice").is_ok(), "{failures}");
-            assert!(breaker.is_open("alice").is_none(), "{failures}");
+            assert!(breaker.open().is_none(), "{failures}");
         }
     }
 
     #[test]
-    fn each_buyer_counts_for_at_most_half_of_the_failures() {
+    fn as_many_attackers_as_failures_never_open_it_alone_or_among_honest_buyers() {
         let breaker = Breaker::new(5, HOUR);
-        for _ in 0..10 {
-            breaker.record_failure("mallory");
+        for round in 0..100 {
+            for attacker in 0..5 {
+                breaker.record_failure(&format!("mallory-{attacker}"));
+            }
+            if round % 3 == 0 {
+                breaker.record_success(&buyer(round));
+            }
+            assert!(breaker.open().is_none(), "{round}");
         }
-        // Mallory's ten count for three: one more buyer's one failure is 4.
-        breaker.record_failure("alice");
-        assert!(breaker.allow("bob").is_ok(), "4 of 5");
-        breaker.record_failure("bob");
-        assert!(breaker.allow("bob").is_err(), "5 of 5, three buyers");
+        // One more buyer failing is more than half of the ten remembered.
+        breaker.record_failure("an honest buyer whose card failed");
+        assert!(breaker.open().is_some());
     }
 
     #[test]
-    fn half_opens_for_one_probe_that_closes_it_on_success() {
-        let breaker = Breaker::new(1, Duration::from_millis(20));
+    fn a_buyer_counts_by_their_latest_attempt() {
+        let breaker = Breaker::new(2, HOUR);
         breaker.record_failure("alice");
         breaker.record_failure("bob");
-        assert!(breaker.allow("alice").is_err());
-        std::thread::sleep(Duration::from_millis(25));
-        assert!(breaker.allow("alice").is_ok(), "the probe");
-        assert!(breaker.allow("bob").is_err(), "only one probe at a time");
-        breaker.record_success();
-        assert!(breaker.allow("bob").is_ok());
-        assert!(breaker.allow("carol").is_ok(), "closed again");
-    }
-
-    #[test]
-    fn failed_probes_of_two_buyers_reopen_it() {
-        let breaker = Breaker::new(1, Duration::from_millis(20));
-        breaker.record_failure("alice");
-        breaker.record_failure("bob");
-        std::thread::sleep(Duration::from_millis(25));
-        assert!(breaker.allow("alice").is_ok());
-        breaker.record_failure("alice");
-        assert!(breaker.allow("bob").is_ok(), "another buyer probes at once");
-        breaker.record_failure("bob");
-        assert!(breaker.allow("carol").is_err(), "two buyers' probes failed");
-    }
-
-    #[test]
-    fn a_buyer_whose_probes_keep_failing_cannot_keep_it_open() {
-        let breaker = Breaker::new(1, Duration::from_millis(20));
-        breaker.record_failure("alice");
-        breaker.record_failure("bob");
-        std::thread::sleep(Duration::from_millis(25));
-        assert!(breaker.allow("mallory").is_ok(), "mallory takes the probe");
-        breaker.record_failure("mallory");
-        assert!(breaker.allow("mallory").is_err(), "but not the next one");
-        assert!(breaker.is_open("mallory").is_some());
-        assert!(breaker.is_open("alice").is_none(), "alice may probe");
-        assert!(breaker.allow("alice").is_ok());
-        breaker.record_success();
-        assert!(breaker.allow("mallory").is_ok(), "closed for everyone");
-    }
-
-    #[test]
-    fn a_late_failure_of_a_call_from_before_it_opened_changes_nothing() {
-        let breaker = Breaker::new(1, HOUR);
-        breaker.record_failure("alice");
-        breaker.record_failure("bob");
+        breaker.record_success("alice");
         breaker.record_failure("carol");
-        let left = breaker.is_open("dave").expect("open");
-        assert!(left > HOUR - Duration::from_secs(1));
-        assert!(breaker.allow("dave").is_err());
+        assert!(breaker.open().is_none(), "alice's retry succeeded");
+        breaker.record_failure("alice");
+        assert!(breaker.open().is_some());
+    }
+
+    #[test]
+    fn the_oldest_buyer_is_forgotten_beyond_the_window() {
+        let breaker = Breaker::new(2, HOUR);
+        for who in ["a", "b"] {
+            breaker.record_failure(who);
+        }
+        for who in ["c", "d", "e"] {
+            breaker.record_success(who);
+        }
+        // a and b are forgotten as f and g come: f and g of d..g failed.
+        breaker.record_failure("f");
+        breaker.record_failure("g");
+        assert!(breaker.open().is_none());
+        breaker.record_failure("h");
+        assert!(breaker.open().is_some(), "f, g and h of e..h");
+    }
+
+    #[test]
+    fn it_closes_after_its_time_with_nothing_remembered() {
+        let breaker = Breaker::new(1, Duration::from_millis(30));
+        breaker.record_failure("alice");
+        breaker.record_failure("bob");
+        assert!(breaker.open().is_some());
+        // A late answer of a call let through before it opened changes nothing.
+        breaker.record_success("carol");
+        assert!(breaker.open().is_some());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(breaker.open().is_none());
+        breaker.record_failure("alice");
+        assert!(
+            breaker.open().is_none(),
+            "one failing buyer of a fresh window"
+        );
+        breaker.record_failure("bob");
+        assert!(breaker.open().is_some(), "an outage reopens it as fast");
     }
 }

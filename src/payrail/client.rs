@@ -139,17 +139,18 @@ impl Client {
         })
     }
 
-    /// Refuses at once while the breaker is open to `buyer`, so that a
-    /// checkout can fail before it writes anything.
-    pub fn ready(&self, buyer: &str) -> Result<(), PaymentError> {
-        match self.breaker.is_open(buyer) {
+    /// Refuses at once while the breaker is open, so that a checkout can
+    /// fail before it writes anything.
+    pub fn ready(&self) -> Result<(), PaymentError> {
+        match self.breaker.open() {
             Some(retry_after) => Err(PaymentError::Unavailable { retry_after }),
             None => Ok(()),
         }
     }
 
-    /// A buyer's click: its attempts feed the breaker and are refused by it,
-    /// as `buyer`'s (the breaker does not let one buyer open it alone).
+    /// A buyer's click: its attempts feed the breaker, as `buyer`'s (a
+    /// buyer counts once there, however often they fail), and are refused
+    /// by it.
     #[tracing::instrument(name = "payrail charge", skip_all, fields(%order_id))]
     pub async fn charge(
         &self,
@@ -188,13 +189,13 @@ impl Client {
         })?;
         let mut timed_out = false;
         for attempt in 1..=self.max_attempts {
-            if let Some(Err(retry_after)) = breaker.map(|(b, buyer)| b.allow(buyer)) {
+            if let Some(retry_after) = breaker.and_then(|(b, _)| b.open()) {
                 BREAKER_REJECTIONS.get().increment(1);
                 return Err(PaymentError::Unavailable { retry_after });
             }
             match self.attempt(&key, &body).await {
                 Attempt::Decided(outcome) => {
-                    breaker.inspect(|(b, _)| b.record_success());
+                    breaker.inspect(|(b, buyer)| b.record_success(buyer));
                     return Ok(outcome);
                 }
                 Attempt::Failed { timed_out: t } => {

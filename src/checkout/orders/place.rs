@@ -46,11 +46,11 @@ impl Click {
 }
 
 impl Orders {
-    /// The step the claim of `buyer`'s click opens with: none while Payrail
-    /// is known to be down to this buyer, so that a new click writes
-    /// nothing (its key is released) while a retry is still answered.
-    pub fn opening<'c>(&self, buyer: &str, click: &'c Click) -> Option<&'c Opening> {
-        self.payrail.ready(buyer).is_ok().then_some(&click.opening)
+    /// The step the claim of a click opens with: none while Payrail is
+    /// known to be down, so that a new click writes nothing (its key is
+    /// released) while a retry is still answered.
+    pub fn opening<'c>(&self, click: &'c Click) -> Option<&'c Opening> {
+        self.payrail.ready().is_ok().then_some(&click.opening)
     }
 
     /// Does the work of a claimed `POST /orders`. A refusal (holds
@@ -102,7 +102,7 @@ impl Orders {
                 // won another way: fail before writing anything while
                 // Payrail is known to be down. The key is then released and
                 // a retry starts afresh.
-                self.payrail.ready(&claim.user_id)?;
+                self.payrail.ready()?;
                 let client = self.pool.get().await?;
                 match claim.open(&client, &click.opening).await? {
                     (Fence::Held, row) => row,
