@@ -24,8 +24,6 @@ pub enum DbError {
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("database error")]
     Postgres(#[from] tokio_postgres::Error),
-    #[error("invalid database url")]
-    Url(#[source] tokio_postgres::Error),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error("building the pool")]
@@ -157,7 +155,7 @@ const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
 /// `database.url`'s connection settings and the connector that secures
 /// them: every connection the service opens is made with both.
 pub fn target(settings: &DatabaseSettings) -> Result<(tokio_postgres::Config, PgTls), DbError> {
-    tls::target(settings.url.expose_secret())
+    Ok(tls::target(settings.url.expose_secret())?)
 }
 
 pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {

@@ -11,6 +11,7 @@ pub mod http; // the thin actix layer: auth, problems (RFC 9457), handlers
 pub mod jobs; // background tasks: key cleanup, order reconciliation
 pub mod observe; // metric names and the /metrics renderer
 pub mod payrail; // the Payrail client and its circuit breaker
+pub mod pgurl; // database.url as libpq reads it: sslmode, sslrootcert, hosts
 pub mod readiness; // /readyz's database check, one at a time
 pub mod signature; // the t.body HMAC of webhook events, checked (Payrail's) and made (ours)
 pub mod startup; // Application::build / run_until_stopped

@@ -3,23 +3,23 @@
 //! Every connection the service and its CLI open (the pool, migrations, the
 //! answer cache's listener) gets its connector from [`target`].
 //!
-//! tokio-postgres itself knows `sslmode` only as `disable`, `prefer` and
-//! `require`, and no `sslrootcert`: both are taken out of the URL here, and
-//! what they mean is done by the certificate verifier below.
+//! The URL's `sslmode` and `sslrootcert` are read by [`crate::pgurl`]; what
+//! they mean is done by the certificate verifier below.
 //!
 //! | `sslmode` | encrypted | chain checked | host name checked |
 //! | --- | --- | --- | --- |
 //! | `disable` | never | | |
-//! | `prefer` (the default) | when the server offers it | with `sslrootcert` | |
+//! | `allow`, `prefer` (the default) | when the server offers it | with `sslrootcert` | |
 //! | `require` | always | with `sslrootcert` | |
-//! | `verify-ca` | always | yes | |
+//! | `verify-ca` | always | yes (`sslrootcert` required) | |
 //! | `verify-full` | always | yes | yes |
 //!
 //! The roots are `sslrootcert`'s certificates (PEM). Where libpq would read
-//! `~/.postgresql/root.crt`, `verify-ca` and `verify-full` without
-//! `sslrootcert` use the system's roots instead: a container has no home
-//! directory worth the name, and a managed PostgreSQL's certificate chains
-//! to a public root or to one the operator names.
+//! `~/.postgresql/root.crt`, `verify-full` without `sslrootcert` uses the
+//! system's roots instead: a container has no home directory worth the
+//! name, and a managed PostgreSQL's certificate chains to a public root or
+//! to one the operator names. `verify-ca` never does: with the name
+//! unchecked, every certificate a public CA ever issued would pass.
 
 use std::future::Future;
 use std::io;
@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use percent_encoding::percent_decode_str;
+use crate::pgurl::{PgUrl, SslMode, UrlError};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
@@ -38,14 +38,13 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_postgres::config::SslMode as WireMode;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
 /// What is wrong with `database.url`'s TLS parameters; each stops the start.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("sslmode={0:?} is not one of disable, prefer, require, verify-ca, verify-full")]
-    Mode(String),
+    #[error(transparent)]
+    Url(#[from] UrlError),
     #[error("sslrootcert={}: {source}", path.display())]
     RootCert {
         path: PathBuf,
@@ -54,94 +53,24 @@ pub enum TlsError {
     },
     #[error("sslrootcert={}: no usable CA certificate in it", path.display())]
     NoRoots { path: PathBuf },
-    #[error("sslmode={0}: no system CA certificates found; name them with sslrootcert")]
-    NoSystemRoots(&'static str),
+    #[error("sslmode=verify-full: no system CA certificates found; name them with sslrootcert")]
+    NoSystemRoots,
     #[error("building the certificate verifier")]
     Verifier(#[from] rustls::client::VerifierBuilderError),
     #[error("building the TLS configuration")]
     Rustls(#[from] rustls::Error),
 }
 
-/// libpq's `sslmode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SslMode {
-    Disable,
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
-
-impl SslMode {
-    fn parse(raw: &str) -> Result<Self, TlsError> {
-        Ok(match raw {
-            "disable" => Self::Disable,
-            "prefer" => Self::Prefer,
-            "require" => Self::Require,
-            "verify-ca" => Self::VerifyCa,
-            "verify-full" => Self::VerifyFull,
-            other => return Err(TlsError::Mode(other.to_owned())),
-        })
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Disable => "disable",
-            Self::Prefer => "prefer",
-            Self::Require => "require",
-            Self::VerifyCa => "verify-ca",
-            Self::VerifyFull => "verify-full",
-        }
-    }
-}
-
 /// The connection settings of `url` and the connector that secures them as
 /// its `sslmode` says.
-pub fn target(url: &str) -> Result<(tokio_postgres::Config, PgTls), super::DbError> {
-    let (rest, mode, root_cert) = take_tls_params(url);
-    let mut config: tokio_postgres::Config = rest.parse().map_err(super::DbError::Url)?;
-    // A key=value string keeps its `sslmode` (tokio-postgres reads the
-    // three it knows); a URL's was taken out above.
-    let mode = match mode {
-        Some(raw) => SslMode::parse(&raw)?,
-        None => match config.get_ssl_mode() {
-            WireMode::Disable => SslMode::Disable,
-            WireMode::Require => SslMode::Require,
-            _ => SslMode::Prefer,
-        },
-    };
-    config.ssl_mode(match mode {
-        SslMode::Disable => WireMode::Disable,
-        SslMode::Prefer => WireMode::Prefer,
-        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireMode::Require,
-    });
-    let tls = PgTls::new(mode, root_cert.as_deref().map(Path::new))?;
+pub fn target(url: &str) -> Result<(tokio_postgres::Config, PgTls), TlsError> {
+    let PgUrl {
+        config,
+        mode,
+        root_cert,
+    } = PgUrl::parse(url)?;
+    let tls = PgTls::new(mode, root_cert.as_deref())?;
     Ok((config, tls))
-}
-
-/// `url` without `sslmode` and `sslrootcert` in its query, and their
-/// (decoded) values. A key=value string is returned as it is.
-fn take_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
-    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
-    let Some((base, query)) = url.split_once('?').filter(|_| is_url) else {
-        return (url.to_owned(), None, None);
-    };
-    let (mut mode, mut root_cert, mut kept) = (None, None, Vec::new());
-    for pair in query.split('&') {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = || percent_decode_str(value).decode_utf8_lossy().into_owned();
-        match key {
-            "sslmode" => mode = Some(value()),
-            "sslrootcert" => root_cert = Some(value()),
-            _ => kept.push(pair),
-        }
-    }
-    let rest = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    (rest, mode, root_cert)
 }
 
 /// The connector for every connection to the database: cheap to clone, one
@@ -156,9 +85,12 @@ impl PgTls {
         // libpq checks the chain in `prefer` and `require` too once it has
         // roots: naming a CA is asking for it to be checked.
         let chain = match (mode, root_cert) {
-            (SslMode::Disable, _) | (SslMode::Prefer | SslMode::Require, None) => None,
+            (SslMode::Disable, _) | (SslMode::Allow | SslMode::Prefer | SslMode::Require, None) => {
+                None
+            }
             (_, Some(path)) => Some(roots_from(path)?),
-            (_, None) => Some(system_roots(mode)?),
+            (SslMode::VerifyFull, None) => Some(system_roots()?),
+            (SslMode::VerifyCa, None) => return Err(UrlError::VerifyCaWithoutRoot.into()),
         }
         .map(|roots| WebPkiServerVerifier::builder_with_provider(roots, provider.clone()).build())
         .transpose()?;
@@ -193,11 +125,11 @@ fn roots_from(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     Ok(Arc::new(roots))
 }
 
-fn system_roots(mode: SslMode) -> Result<Arc<RootCertStore>, TlsError> {
+fn system_roots() -> Result<Arc<RootCertStore>, TlsError> {
     let mut roots = RootCertStore::empty();
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
     if roots.is_empty() {
-        return Err(TlsError::NoSystemRoots(mode.as_str()));
+        return Err(TlsError::NoSystemRoots);
     }
     Ok(Arc::new(roots))
 }
@@ -378,34 +310,5 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_urls_tls_parameters_are_taken_out_and_decoded() {
-        let (rest, mode, root) = take_tls_params(
-            "postgres://u@db:5432/shop?application_name=a&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
-        );
-        assert_eq!(rest, "postgres://u@db:5432/shop?application_name=a");
-        assert_eq!(mode.as_deref(), Some("verify-full"));
-        assert_eq!(root.as_deref(), Some("/etc/ca.pem"));
-    }
-
-    #[test]
-    fn a_key_value_string_keeps_what_tokio_postgres_reads() {
-        let (config, _) = target("host=db dbname=shop sslmode=require").expect("parses");
-        assert_eq!(config.get_ssl_mode(), WireMode::Require);
-    }
-
-    #[test]
-    fn an_unknown_sslmode_is_refused_by_name() {
-        let error = target("postgres://u@db/shop?sslmode=allow-ish")
-            .err()
-            .expect("refused");
-        assert!(error.to_string().contains("sslmode"), "{error}");
     }
 }

@@ -225,3 +225,63 @@ async fn prefer_and_require_take_a_self_signed_version_1_certificate() {
     .await;
     stop(server).await;
 }
+
+/// SPEC §13: `verify-ca` without `sslrootcert` would trust any public CA's
+/// certificate for any name, so the start stops, naming `database.url`
+/// (libpq refuses it too). In production, a connection that a machine in
+/// the path could turn into plain text stops the start as well, and
+/// `require` (encrypted, the server unauthenticated) starts with a warning.
+/// No server is needed: each is refused before any connection.
+#[tokio::test]
+async fn sslmodes_that_would_trust_a_stranger_stop_the_start() {
+    refused(
+        "postgres://postgres@127.0.0.1:5432/stagedoor_tls?sslmode=verify-ca",
+        "without sslrootcert",
+    )
+    .await;
+    let production = [
+        ("STAGEDOOR_ENV", "production"),
+        (
+            "STAGEDOOR__AUTH__JWT_SECRET",
+            "an-operators-own-jwt-secret-6f1c2a",
+        ),
+        ("STAGEDOOR__PAYRAIL__BASE_URL", "https://payrail.example"),
+        (
+            "STAGEDOOR__PAYRAIL__API_KEY",
+            "sk_live_an_operators_own_key_93b0",
+        ),
+    ];
+    for mode in ["disable", "allow", "prefer"] {
+        let url = format!("postgres://app:pw-9f1e@db.example.internal:5432/shop?sslmode={mode}");
+        let output = run_on(&url, &["migrate"], &production).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("database.url") && stderr.contains(&format!("sslmode={mode}")),
+            "{mode}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("pw-9f1e"),
+            "{mode}: the URL is printed: {stderr}"
+        );
+    }
+    // `require` to a host that answers nothing: the start gets past the
+    // configuration (its warning logged) to the connection, which fails.
+    let url = "postgres://app:pw@127.0.0.2:9/shop?sslmode=require";
+    let output = run_on(
+        url,
+        &["migrate"],
+        &[
+            production.as_slice(),
+            &[("STAGEDOOR__DATABASE__CONNECT_TIMEOUT_SECS", "0")],
+        ]
+        .concat(),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "nothing answers there: {stderr}");
+    assert!(
+        stderr.contains("sslmode=require") && stderr.contains("WARN"),
+        "the warning: {stderr}"
+    );
+}
