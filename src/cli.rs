@@ -92,6 +92,9 @@ impl Cli {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load()?;
     let telemetry = telemetry::init(settings.is_production(), &settings.telemetry)?;
+    for warning in settings.warnings() {
+        tracing::warn!("{warning}");
+    }
     let status = run_command(cli, settings).await;
     telemetry.shutdown();
     status

@@ -38,6 +38,7 @@ pub struct Application {
     port: u16,
     pool: Pool,
     server: Server,
+    metrics: Option<MetricsListener>,
     jobs: Jobs,
     key_refresh: Option<KeyRefresh>,
     sandbox: Option<EmbeddedSandbox>,
@@ -98,6 +99,9 @@ impl Application {
             None => None,
         };
         let state = web::Data::new(state);
+        let metrics = MetricsListener::start(&settings, &state)?;
+        // Production shows its metrics to its own network only.
+        let metrics_on_api = metrics.is_none() && !settings.is_production();
         let (orders, limit) = (state.orders.clone(), state.limit.clone());
         let cors_origins = settings.http.cors_origins.clone();
         let key_life = settings.idempotency.ttl();
@@ -108,7 +112,7 @@ impl Application {
                 .wrap(from_fn(telemetry::log_request))
                 .wrap(from_fn(http::watch::track))
                 .app_data(state.clone())
-                .configure(http::routes(key_life))
+                .configure(http::routes(key_life, metrics_on_api))
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
@@ -117,20 +121,24 @@ impl Application {
         // `http::body::read` every body.
         .client_request_timeout(settings.http.request_timeout())
         .keep_alive(http::watch::KEEP_ALIVE)
-        .on_connect(http::watch::on_connect(
-            http::watch::KEEP_ALIVE + settings.http.request_timeout(),
-        ))
+        .on_connect(http::watch::on_connect(settings.http.request_timeout()))
         .listen(listener)?;
         if settings.server.workers > 0 {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
         let jobs = Jobs::spawn(pool.clone(), orders, limit, outcomes, &settings);
-        tracing::info!(port, environment = %settings.environment, "stagedoor checkout listening");
+        tracing::info!(
+            port,
+            metrics_port = metrics.as_ref().map(|m| m.port),
+            environment = %settings.environment,
+            "stagedoor checkout listening"
+        );
         Ok(Self {
             port,
             pool,
             server,
+            metrics,
             jobs,
             key_refresh,
             sandbox,
@@ -139,6 +147,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of `/metrics`' own listener (`server.metrics_addr`).
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics.as_ref().map(|m| m.port)
     }
 
     /// The instance's connection pool, for the benchmark's pool-wait probe
@@ -158,6 +171,9 @@ impl Application {
     /// stops the jobs and the embedded sandbox.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
+        if let Some(metrics) = self.metrics {
+            metrics.stop().await;
+        }
         self.jobs.stop().await;
         if let Some(refresh) = self.key_refresh {
             refresh.stop().await;
@@ -167,6 +183,50 @@ impl Application {
         }
         tracing::info!("stopped");
         served
+    }
+}
+
+/// `/metrics` on a listener of its own (`server.metrics_addr`): one worker,
+/// no signals of its own, stopped after the API's server.
+struct MetricsListener {
+    port: u16,
+    handle: ServerHandle,
+    served: JoinHandle<std::io::Result<()>>,
+}
+
+impl MetricsListener {
+    fn start(settings: &Settings, state: &web::Data<AppState>) -> anyhow::Result<Option<Self>> {
+        let address = &settings.server.metrics_addr;
+        if address.is_empty() {
+            return Ok(None);
+        }
+        let listener = TcpListener::bind(address.as_str())
+            .with_context(|| format!("binding {address} (server.metrics_addr)"))?;
+        let port = listener.local_addr()?.port();
+        let state = state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .configure(http::metrics::routes)
+                .default_service(web::to(http::not_found))
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .listen(listener)?
+        .run();
+        Ok(Some(Self {
+            port,
+            handle: server.handle(),
+            served: tokio::spawn(server),
+        }))
+    }
+
+    async fn stop(self) {
+        self.handle.stop(true).await;
+        if let Ok(Err(error)) = self.served.await {
+            tracing::warn!(%error, "the metrics listener stopped with an error");
+        }
     }
 }
 

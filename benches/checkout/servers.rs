@@ -229,7 +229,7 @@ pub async fn mirror(settings: &Settings) -> Plain {
                 "/bench/orders-without-key",
                 web::post().to(order_without_key),
             )
-            .configure(http::routes(key_life))
+            .configure(http::routes(key_life, true))
             .default_service(web::to(http::not_found))
     })
 }

@@ -39,6 +39,9 @@ const ENV_SEPARATOR: &str = "__";
 /// `STAGEDOOR__AUTH__JWT_SECRET_FILE=/run/secrets/jwt`: the value is that
 /// file's contents.
 const FILE_SUFFIX: &str = "_FILE";
+/// The environments without production's rules: a developer's `cargo run`,
+/// the tests' instances, the compose stack.
+const DEVELOPMENT_ENVIRONMENTS: &[&str] = &["local", "test", "compose"];
 
 /// A setting that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +91,9 @@ pub struct ServerSettings {
     /// HTTP worker threads; 0 = one per core.
     pub workers: usize,
     pub shutdown_timeout_secs: u64,
+    /// `host:port` of `/metrics`' own listener; empty = the API's (never
+    /// in production).
+    pub metrics_addr: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,7 +121,8 @@ pub struct AuthSettings {
     /// (`jwks_uri` and `issuer`); instead of `jwks_url`.
     pub oidc_issuer: String,
     /// The `iss` provider tokens must carry; empty = not checked (with
-    /// `oidc_issuer`, the discovered issuer is checked).
+    /// `oidc_issuer`, the discovered issuer is checked); required beside
+    /// `jwks_url` in production.
     pub issuer: String,
     /// The `aud` provider tokens must carry; required in production.
     pub audience: String,
@@ -144,8 +151,8 @@ pub struct PayrailSettings {
     pub timeout_ms: u64,
     /// Attempts per charge, all with the same key.
     pub max_attempts: u32,
-    /// Failed attempts in a row that open the circuit breaker, one buyer's
-    /// counting for at most half (rounded up): one buyer never opens it alone.
+    /// Failing buyers that never open the circuit breaker: more than half
+    /// of the last twice this many buyers to reach Payrail must fail.
     pub breaker_failures: u32,
     pub breaker_open_secs: u64,
     /// The secret Payrail signs its events with; empty = `POST
@@ -250,10 +257,9 @@ pub struct HoldSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
-    /// How long a request's head (from its first byte; on a reused
-    /// connection up to `http::watch::KEEP_ALIVE` more), then its body, may
-    /// take to arrive: a slower one is answered 408 `request-timeout` (or
-    /// closed).
+    /// How long a request's head and body together may take to arrive,
+    /// from its first byte: a slower one is answered 408 `request-timeout`
+    /// (or closed).
     pub request_timeout_secs: u64,
     /// Browser origins allowed by CORS.
     pub cors_origins: Vec<String>,
@@ -327,8 +333,11 @@ impl Settings {
         Ok(settings)
     }
 
+    /// Every environment but the three made for development and tests
+    /// gets production's rules: a typo or a name of the operator's own
+    /// (`prod`, `staging`) must not run on development's defaults.
     pub fn is_production(&self) -> bool {
-        self.environment == "production"
+        !DEVELOPMENT_ENVIRONMENTS.contains(&self.environment.as_str())
     }
 }
 
@@ -616,6 +625,7 @@ mod tests {
     fn production_refuses_an_hs256_secret_beside_an_identity_provider() {
         let mut settings = production();
         settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        settings.auth.issuer = "https://login.shop.example/".into();
         settings.auth.audience = "https://checkout.shop.example".into();
         let err = settings.validate().unwrap_err();
         assert!(err.to_string().contains("auth.jwt_secret"), "{err}");
@@ -632,6 +642,7 @@ mod tests {
         let mut settings = production();
         settings.auth.jwt_secret = SecretString::from(String::new());
         settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        settings.auth.issuer = "https://login.shop.example/".into();
         let err = settings.validate().unwrap_err();
         assert!(err.to_string().contains("auth.audience"), "{err}");
         settings.auth.audience = "https://checkout.shop.example".into();
@@ -647,6 +658,7 @@ mod tests {
         settings.auth.jwt_secret = SecretString::from(String::new());
         settings.auth.audience = "https://checkout.shop.example".into();
         settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        settings.auth.issuer = "https://login.shop.example/".into();
         assert!(settings.validate().is_ok());
         let plain = [
             ("payrail.base_url", "http://payrail.example"),
@@ -670,6 +682,192 @@ mod tests {
             );
             settings.environment = "local".into();
             assert!(settings.validate().is_ok(), "{key}: http is fine locally");
+        }
+    }
+
+    #[test]
+    fn every_environment_but_local_test_and_compose_gets_production_rules() {
+        let published = SecretString::from("dev-only-secret-change-me-dev-only-secret");
+        for environment in ["production", "prod", "staging", "Production", ""] {
+            let mut settings = production();
+            settings.environment = environment.into();
+            settings.auth.jwt_secret = published.clone();
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(err.contains("auth.jwt_secret"), "{environment:?}: {err}");
+        }
+        for environment in ["local", "test", "compose"] {
+            let mut settings = production();
+            settings.environment = environment.into();
+            settings.auth.jwt_secret = published.clone();
+            assert!(settings.validate().is_ok(), "{environment}");
+        }
+    }
+
+    #[test]
+    fn production_secrets_are_long_enough_and_each_its_own() {
+        let mut settings = production();
+        settings.auth.jwt_secret = SecretString::from("x".repeat(31));
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("auth.jwt_secret"), "{err}");
+        settings.auth.jwt_secret = SecretString::from("y".repeat(32));
+        assert!(settings.validate().is_ok());
+
+        settings.outcomes.webhook_url = "https://shop.example/events".into();
+        settings.outcomes.webhook_secret = settings.payrail.webhook_secret.clone();
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("outcomes.webhook_secret"), "{err}");
+        settings.outcomes.webhook_secret = SecretString::from("an operator's other secret, 32b+");
+        assert!(settings.validate().is_ok());
+        settings.environment = "local".into();
+        settings.auth.jwt_secret = SecretString::from("z".repeat(16));
+        assert!(settings.validate().is_ok(), "16 bytes is enough locally");
+    }
+
+    #[test]
+    fn production_checks_the_issuer_of_a_jwks_providers_tokens() {
+        let mut settings = production();
+        settings.auth.jwt_secret = SecretString::from(String::new());
+        settings.auth.audience = "https://checkout.shop.example".into();
+        settings.auth.jwks_url = "https://login.shop.example/jwks.json".into();
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("auth.issuer"), "{err}");
+        settings.auth.issuer = "https://login.shop.example/".into();
+        assert!(settings.validate().is_ok());
+        // Discovery checks the issuer it is given.
+        settings.auth.issuer.clear();
+        settings.auth.jwks_url.clear();
+        settings.auth.oidc_issuer = "https://login.shop.example".into();
+        assert!(settings.validate().is_ok());
+    }
+
+    #[test]
+    fn production_refusals_of_urls_never_print_them() {
+        let token_url = "http://collector.internal:4318/?token=sekrit-token-4c1d";
+        for key in ["telemetry.otlp_endpoint", "outcomes.webhook_url"] {
+            let mut settings = production();
+            match key {
+                "telemetry.otlp_endpoint" => settings.telemetry.otlp_endpoint = token_url.into(),
+                _ => {
+                    settings.outcomes.webhook_url = token_url.into();
+                    settings.outcomes.webhook_secret =
+                        SecretString::from("an operator's other secret, 32b+");
+                }
+            }
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("https://"),
+                "{key}: {err}"
+            );
+            assert!(
+                !err.contains("sekrit"),
+                "{key}: the refusal prints the URL: {err}"
+            );
+            settings.environment = "local".into();
+            assert!(settings.validate().is_ok(), "{key}: http is fine locally");
+        }
+    }
+
+    #[test]
+    fn production_takes_https_browser_origins_only() {
+        let mut settings = production();
+        settings.http.cors_origins = vec!["https://shop.example".into()];
+        assert!(settings.validate().is_ok());
+        settings
+            .http
+            .cors_origins
+            .push("http://shop.example".into());
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("http.cors_origins"), "{err}");
+        settings.environment = "local".into();
+        assert!(settings.validate().is_ok());
+    }
+
+    #[test]
+    fn database_tls_means_what_it_says() {
+        let with_url = |environment: &str, url: &str| {
+            let mut settings = production();
+            settings.environment = environment.into();
+            settings.database.url = SecretString::from(url.to_owned());
+            settings
+        };
+        // verify-ca without a CA of its own: refused everywhere.
+        for environment in ["local", "production"] {
+            let settings = with_url(
+                environment,
+                "postgres://app:pw@db.internal/shop?sslmode=verify-ca",
+            );
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("database.url") && err.contains("sslrootcert"),
+                "{environment}: {err}"
+            );
+            assert!(!err.contains("pw@"), "the refusal prints the URL: {err}");
+        }
+        // A remote host that a machine in the path could strip to plain text.
+        for mode in ["disable", "allow", "prefer"] {
+            let url = format!("postgres://app:pw@db.internal/shop?sslmode={mode}");
+            let err = with_url("production", &url)
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("database.url") && err.contains(mode),
+                "{mode}: {err}"
+            );
+            assert!(with_url("local", &url).validate().is_ok(), "{mode} locally");
+            let loopback = format!("postgres://app:pw@127.0.0.1/shop?sslmode={mode}");
+            assert!(
+                with_url("production", &loopback).validate().is_ok(),
+                "{mode}"
+            );
+        }
+        let remote_default = with_url("production", "postgres://app:pw@db.internal/shop");
+        assert!(remote_default.validate().is_err(), "prefer is the default");
+        // Encrypted without checking who answers: allowed, and said.
+        let require = with_url(
+            "production",
+            "postgres://app:pw@db.internal/shop?sslmode=require",
+        );
+        assert!(require.validate().is_ok());
+        assert!(require
+            .warnings()
+            .iter()
+            .any(|w| w.contains("database.url") && w.contains("sslmode=require")));
+        for good in [
+            "postgres://app:pw@db.internal/shop?sslmode=verify-full",
+            "postgres://app:pw@db.internal/shop?sslmode=verify-ca&sslrootcert=/etc/ca.pem",
+        ] {
+            let settings = with_url("production", good);
+            assert!(settings.validate().is_ok(), "{good}");
+            assert!(
+                !settings
+                    .warnings()
+                    .iter()
+                    .any(|w| w.contains("database.url")),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_metrics_listener_and_the_breaker_are_checked() {
+        let mut settings = production();
+        assert_eq!(settings.server.metrics_addr, "", "the local layer's");
+        assert!(settings
+            .warnings()
+            .iter()
+            .any(|w| w.contains("server.metrics_addr")));
+        settings.server.metrics_addr = "0.0.0.0:9090".into();
+        assert!(settings.validate().is_ok());
+        assert!(settings.warnings().is_empty(), "{:?}", settings.warnings());
+        settings.server.metrics_addr = "metrics:9090".into();
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("server.metrics_addr"), "{err}");
+        settings.server.metrics_addr.clear();
+        for bad in [0, 10_001] {
+            settings.payrail.breaker_failures = bad;
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(err.contains("payrail.breaker_failures"), "{bad}: {err}");
         }
     }
 

@@ -5,8 +5,15 @@
 use secrecy::ExposeSecret;
 
 use super::{public_secrets, ConfigError, Settings};
+use crate::pgurl::{PgUrl, SslMode};
 
 const MAX_REQUEST_TIMEOUT_SECS: u64 = 300;
+/// The breaker remembers twice this many buyers and scans them on each
+/// Payrail answer: beyond it the memory, not the rule, is what bounds it.
+const MAX_BREAKER_FAILURES: u32 = 10_000;
+/// What an HS256 secret must hold in production: a buyer's own token is
+/// enough to try secrets offline, as fast as HMACs can be computed.
+const MIN_PRODUCTION_JWT_SECRET: usize = 32;
 
 impl Settings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -28,7 +35,9 @@ impl Settings {
         self.validate_auth()?;
         self.validate_production_secrets()?;
         self.validate_transport()?;
+        self.validate_database()?;
         self.validate_outcomes()?;
+        self.validate_server()?;
         let webhook_secret = self.payrail.webhook_secret.expose_secret();
         if self.is_production() && !webhook_secret.is_empty() && webhook_secret.len() < 32 {
             return invalid(
@@ -48,16 +57,30 @@ impl Settings {
         {
             return invalid("payrail.base_url", "must start with http:// or https://");
         }
-        for origin in &self.http.cors_origins {
+        for (at, origin) in self.http.cors_origins.iter().enumerate() {
             let host = origin
                 .strip_prefix("https://")
                 .or_else(|| origin.strip_prefix("http://"));
             if !host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '*', ' '])) {
                 return invalid(
                     "http.cors_origins",
-                    &format!("`{origin}` is not an origin like https://shop.example[:port]"),
+                    &format!("entry {at} is not an origin like https://shop.example[:port]"),
                 );
             }
+            // A page served over http:// can be rewritten on the path, and
+            // would then act with the buyer's token.
+            if self.is_production() && !origin.starts_with("https://") {
+                return invalid(
+                    "http.cors_origins",
+                    &format!("entry {at} is not https:// in production"),
+                );
+            }
+        }
+        if !(1..=MAX_BREAKER_FAILURES).contains(&self.payrail.breaker_failures) {
+            return invalid(
+                "payrail.breaker_failures",
+                &format!("must be from 1 to {MAX_BREAKER_FAILURES}"),
+            );
         }
         // A stalled client keeps a socket and a buffer this long: beyond a
         // few minutes the bound no longer protects anyone.
@@ -67,7 +90,7 @@ impl Settings {
                 &format!("must be at most {MAX_REQUEST_TIMEOUT_SECS}"),
             );
         }
-        let at_least_one: [(&'static str, u64); 14] = [
+        let at_least_one: [(&'static str, u64); 13] = [
             (
                 "limits.new_keys_per_sec",
                 self.limits.new_keys_per_sec.into(),
@@ -76,10 +99,6 @@ impl Settings {
             ("database.pool_size", self.database.pool_size as u64),
             ("payrail.timeout_ms", self.payrail.timeout_ms),
             ("payrail.max_attempts", self.payrail.max_attempts.into()),
-            (
-                "payrail.breaker_failures",
-                self.payrail.breaker_failures.into(),
-            ),
             ("idempotency.ttl_secs", self.idempotency.ttl_secs),
             (
                 "idempotency.cleanup_interval_secs",
@@ -153,6 +172,15 @@ impl Settings {
                  for any other application would be accepted; set STAGEDOOR__AUTH__AUDIENCE",
             );
         }
+        // Discovery checks the issuer itself; a JWKS document says nothing
+        // of who may sign with its keys (a provider serving several tenants).
+        if self.is_production() && !auth.jwks_url.is_empty() && auth.issuer.is_empty() {
+            return invalid(
+                "auth.issuer",
+                "is empty beside auth.jwks_url in production: a token of any issuer that \
+                 shares the key set would be accepted; set STAGEDOOR__AUTH__ISSUER",
+            );
+        }
         Ok(())
     }
 
@@ -177,6 +205,26 @@ impl Settings {
                 "is set beside an identity provider in production: tokens signed with it \
                  would skip the provider's issuer and audience checks and could name any of \
                  its buyers; leave it empty and let the provider sign every token",
+            );
+        }
+        if self.auth.jwt_secret_is_set()
+            && self.auth.jwt_secret.expose_secret().len() < MIN_PRODUCTION_JWT_SECRET
+        {
+            return invalid(
+                "auth.jwt_secret",
+                "must be at least 32 bytes in production: any buyer's own token lets a shorter \
+                 one be guessed offline; generate one, e.g. `openssl rand -hex 32`",
+            );
+        }
+        let payrail_secret = self.payrail.webhook_secret.expose_secret();
+        if !payrail_secret.is_empty()
+            && payrail_secret == self.outcomes.webhook_secret.expose_secret()
+        {
+            return invalid(
+                "outcomes.webhook_secret",
+                "is payrail.webhook_secret in production: one scheme signs both, so whoever \
+                 receives the shop's events (the shop) could sign Payrail's and settle orders; \
+                 generate another",
             );
         }
         if self.payrail.api_key.expose_secret().is_empty() {
@@ -265,14 +313,80 @@ impl Settings {
             ("auth.oidc_issuer", &self.auth.oidc_issuer),
             // The events carry the buyer's id and orders: not for the path to read.
             ("outcomes.webhook_url", &self.outcomes.webhook_url),
+            // The spans carry buyers' ids and their keys.
+            ("telemetry.otlp_endpoint", &self.telemetry.otlp_endpoint),
         ] {
+            // Never the URL itself in the message: it may carry a token.
             if !url.is_empty() && !url.starts_with("https://") {
                 return Err(ConfigError::Invalid {
                     key,
-                    reason: format!("is `{url}` in production: it must be https://"),
+                    reason: "is not https:// in production".into(),
                 });
             }
         }
         Ok(())
+    }
+
+    /// `database.url` parses, and `sslmode` means what it says: `verify-ca`
+    /// names the CA it trusts, and production's connection cannot be
+    /// turned into plain text by a machine in the path.
+    fn validate_database(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| {
+            Err(ConfigError::Invalid {
+                key: "database.url",
+                reason,
+            })
+        };
+        let url = match PgUrl::parse(self.database.url.expose_secret()) {
+            Ok(url) => url,
+            Err(error) => return invalid(error.to_string()),
+        };
+        if self.is_production() && url.mode.can_be_plaintext() && !url.is_local() {
+            return invalid(format!(
+                "sslmode={} in production, to a host that is not this machine: a machine in \
+                 the path can refuse TLS and read the connection, password exchange and \
+                 buyers' data included; use sslmode=verify-full (or verify-ca with \
+                 sslrootcert)",
+                url.mode.as_str()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The metrics listener is an address.
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        let address = &self.server.metrics_addr;
+        if !address.is_empty() && address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::Invalid {
+                key: "server.metrics_addr",
+                reason: "is not an address like 0.0.0.0:9090 (an IP address and a port)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// What a start may go on with, but an operator must hear of: logged
+    /// once the logs are set up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if !self.is_production() {
+            return warnings;
+        }
+        let mode = PgUrl::parse(self.database.url.expose_secret()).map(|url| url.mode);
+        if let Ok(SslMode::Require) = mode {
+            warnings.push(
+                "database.url: sslmode=require encrypts the connection but does not check who \
+                 answers it; use sslmode=verify-full (or verify-ca with sslrootcert)"
+                    .to_owned(),
+            );
+        }
+        if self.server.metrics_addr.is_empty() {
+            warnings.push(
+                "server.metrics_addr is empty in production: /metrics is not served (never on \
+                 the API's listener there); set it to the address a scraper reaches"
+                    .to_owned(),
+            );
+        }
+        warnings
     }
 }

@@ -3,8 +3,14 @@ use actix_web::{get, web, HttpResponse};
 use super::AppState;
 use crate::observe;
 
+/// `/metrics` alone, for its own listener (`server.metrics_addr`).
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(metrics);
+}
+
 /// `GET /metrics`: Prometheus text format, no token (scrapers live inside
-/// the deployment's network).
+/// the deployment's network: in production it is served on
+/// `server.metrics_addr` only).
 #[utoipa::path(
     tag = "operations",
     summary = "Prometheus metrics",

@@ -65,9 +65,11 @@ pub struct AppState {
 /// Every route: the API's operations, then the browser files. Each path
 /// answers its own methods, and 405 `method-not-allowed` with `Allow` for
 /// the others (actix alone would answer 404). `key_life` is
-/// `idempotency.ttl_secs`, which `/openapi.json` publishes.
-pub fn routes(key_life: Duration) -> impl FnOnce(&mut web::ServiceConfig) {
+/// `idempotency.ttl_secs`, which `/openapi.json` publishes; `/metrics` is
+/// among them only `with_metrics` (not when it has a listener of its own).
+pub fn routes(key_life: Duration, with_metrics: bool) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
+        let api = move |cfg: &mut ServiceConfig| api(cfg, with_metrics);
         cfg.app_data(web::Data::new(openapi::Document::of(api, key_life)));
         api(&mut ServiceConfig::new(cfg));
         cfg.service(file("/demo/", demo::page))
@@ -80,10 +82,12 @@ pub fn routes(key_life: Duration) -> impl FnOnce(&mut web::ServiceConfig) {
 /// The API: each operation registered once, with the problems it answers
 /// (`problem::answers`). Registering it is also what collects
 /// `/openapi.json` (`openapi::Document`).
-fn api(cfg: &mut ServiceConfig) {
+fn api(cfg: &mut ServiceConfig, with_metrics: bool) {
+    if with_metrics {
+        cfg.service(Endpoint(metrics::metrics, answers::NONE));
+    }
     cfg.service(Endpoint(health::healthz, answers::NONE))
         .service(Endpoint(health::readyz, answers::READINESS))
-        .service(Endpoint(metrics::metrics, answers::NONE))
         .service(Endpoint(openapi::openapi_json, answers::NONE))
         .service(Endpoint(seats::seat_map, answers::BUYERS_OWN))
         .service(Endpoint(holds::create, answers::HOLD_SEAT))

@@ -62,6 +62,8 @@ pub fn pool_with(url: &str, generic_plans: bool) -> deadpool_postgres::Pool {
 pub struct TestApp {
     pub address: String,
     pub port: u16,
+    /// `/metrics`' own listener, when `server.metrics_addr` is set.
+    pub metrics_port: Option<u16>,
     pub db: Arc<TestDatabase>,
     pub sandbox: Arc<Sandbox>,
     pub settings: Settings,
@@ -140,12 +142,14 @@ impl TestApp {
             .await
             .expect("build the application");
         let port = app.port();
+        let metrics_port = app.metrics_port();
         let handle = app.handle();
         tokio::spawn(app.run_until_stopped());
         let tokens = Tokens::new(&settings.auth.jwt_secret).expect("tokens");
         Self {
             address: format!("http://127.0.0.1:{port}"),
             port,
+            metrics_port,
             db,
             sandbox,
             settings,
@@ -293,7 +297,11 @@ impl TestApp {
 
     /// The instance's `/metrics` page, as text.
     pub async fn metrics(&self) -> String {
-        let response = self.http.get(self.url("/metrics")).send().await;
+        let url = self.metrics_port.map_or_else(
+            || self.url("/metrics"),
+            |port| format!("http://127.0.0.1:{port}/metrics"),
+        );
+        let response = self.http.get(url).send().await;
         response
             .expect("GET /metrics")
             .text()

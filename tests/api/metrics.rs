@@ -1,4 +1,4 @@
-use crate::helpers::{new_key, spawn_app};
+use crate::helpers::{new_key, spawn_app, spawn_app_with};
 
 #[tokio::test]
 async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
@@ -152,4 +152,61 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         "the pool's size (STAGEDOOR__DATABASE__POOL_SIZE of spawn_process)"
     );
     instance.stop(std::time::Duration::from_secs(10)).await;
+}
+
+/// SPEC §13: `server.metrics_addr` is `/metrics`' own listener, and
+/// production never serves `/metrics` on the API's (it shows the breaker
+/// and the pending orders, by which an attacker would time an attack).
+#[tokio::test]
+async fn metrics_have_a_listener_of_their_own_and_production_never_shows_them_on_the_api() {
+    for environment in ["test", "production", "prod"] {
+        let app = spawn_app_with(|s| {
+            s.environment = environment.into();
+            s.server.metrics_addr = "127.0.0.1:0".into();
+        })
+        .await;
+        let port = app.metrics_port.expect("the metrics listener's port");
+        let own = app
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(own.status(), 200, "{environment}");
+        assert!(own.text().await.unwrap().contains("payrail_breaker_open"));
+        let elsewhere = app
+            .http
+            .get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            elsewhere.status(),
+            404,
+            "{environment}: /metrics alone there"
+        );
+        let api = app.http.get(app.url("/metrics")).send().await.unwrap();
+        assert_eq!(
+            api.status(),
+            404,
+            "{environment}: not on the API's listener"
+        );
+        let document: serde_json::Value = app
+            .http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(document["paths"]["/metrics"].is_null(), "{environment}");
+    }
+    let production = spawn_app_with(|s| s.environment = "production".into()).await;
+    assert_eq!(production.metrics_port, None);
+    let api = production.http.get(production.url("/metrics")).send().await;
+    assert_eq!(api.unwrap().status(), 404, "production, no metrics_addr");
+    let local = spawn_app().await;
+    let api = local.http.get(local.url("/metrics")).send().await;
+    assert_eq!(api.unwrap().status(), 200, "empty: the API's listener");
 }
