@@ -309,8 +309,8 @@ impl Kind {
                 "rate-limited",
                 "Rate limited",
                 "a new click past the buyer's limit (`limits.new_keys_per_sec`, \
-                 `limits.burst`, per instance); nothing was stored for the key, and a retry \
-                 of an answered key is never limited",
+                 `limits.burst`, per instance); nothing was read or stored for the key; \
+                 `Retry-After` says when the click, or a retry, is taken again",
             )
             .carrying(Carries::RetryAfter),
             Kind::SeatUnavailable => Entry::new(

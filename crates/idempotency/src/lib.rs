@@ -30,8 +30,9 @@
 //!   claim itself ([`Opening`]), one call and one commit for the key and
 //!   the effect; a lost insert touches nothing else.
 //! - **A limit on new intents** ([`Limit`], optional): a token is spent only
-//!   by a request about to claim a new key; past a scope's bucket such a
-//!   request is refused and writes nothing; a retry is never limited.
+//!   by a request about to claim a new key; past a scope's bucket a request
+//!   is refused before any statement, unless memory answers it (the cache,
+//!   a copy in flight), and writes nothing.
 //! - **Answers from memory** ([`AnswerCache`], optional): a retry of an
 //!   answered key is answered from this instance's memory, with no pooled
 //!   connection; a purge reaches every instance over `LISTEN/NOTIFY`.
