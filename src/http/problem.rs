@@ -417,6 +417,13 @@ pub mod answers {
         Kind::ServiceUnavailable,
         Kind::Internal,
     ];
+    /// `GET /orders`: a page of the buyer's orders.
+    pub const LIST_ORDERS: &[Kind] = &[
+        Kind::Unauthorized,
+        Kind::InvalidRequest,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
     /// `POST /holds`.
     pub const HOLD_SEAT: &[Kind] = &[
         // Refused before the key is touched.

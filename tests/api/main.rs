@@ -22,6 +22,7 @@ mod limits;
 mod metrics;
 mod migrations;
 mod openapi;
+mod order_list;
 mod orders;
 mod outbound;
 mod outcomes;
