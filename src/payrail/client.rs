@@ -30,6 +30,13 @@ pub enum ChargeOutcome {
     Declined { charge_id: Option<String> },
 }
 
+/// The `Idempotency-Key` of every charge attempt of an order and of its
+/// cancel: the same on every retry, restart and instance, so that Payrail
+/// charges an order at most once. Support asks Payrail by it.
+pub fn charge_key(order_id: Uuid) -> String {
+    format!("order-{order_id}")
+}
+
 /// No decision could be had. The charge may or may not have been made: only
 /// asking again with the same key can tell.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -183,7 +190,7 @@ impl Client {
         charge: &Charge,
         breaker: Option<(&Breaker, &str)>,
     ) -> Result<ChargeOutcome, PaymentError> {
-        let key = format!("order-{order_id}");
+        let key = charge_key(order_id);
         let body = serde_json::to_vec(charge).map_err(|_| PaymentError::Unavailable {
             retry_after: Duration::from_secs(1),
         })?;
@@ -233,7 +240,7 @@ impl Client {
             .post(&self.cancel_url)
             .timeout(self.timeout)
             .bearer_auth(self.api_key.expose_secret())
-            .header("Idempotency-Key", format!("order-{order_id}"))
+            .header("Idempotency-Key", charge_key(order_id))
             .send()
             .await;
         let unconfirmed = |why: &dyn std::fmt::Display| {
