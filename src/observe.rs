@@ -226,7 +226,10 @@ pub fn install(reported: &[&[&dyn Metric]]) -> &'static PrometheusHandle {
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_ok() {
-            describe_counter!(HTTP_REQUESTS, "HTTP requests by method, route and status");
+            describe_counter!(
+                HTTP_REQUESTS,
+                "HTTP requests by method, route, status and problem type"
+            );
             describe_histogram!(
                 HTTP_REQUEST_DURATION,
                 "HTTP request latency by method and route"
@@ -250,7 +253,9 @@ pub fn render() -> String {
 const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
 
-pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
+/// One request: its method, route template, status, problem slug (`none`
+/// for an answer that is not a problem) and latency.
+pub fn http_request(method: &str, route: &str, status: u16, problem: &'static str, seconds: f64) {
     // Anyone can send a made-up method: only the standard ones get a label
     // of their own, so clients cannot grow the series without bound.
     let method = match method {
@@ -260,8 +265,9 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
         _ => "other",
     };
     let (method, route) = (method.to_owned(), route.to_owned());
-    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
-        .increment(1);
+    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(),
+             "status" => status.to_string(), "problem" => problem)
+    .increment(1);
     histogram!(HTTP_REQUEST_DURATION, "method" => method, "route" => route).record(seconds);
 }
 

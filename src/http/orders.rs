@@ -1,3 +1,4 @@
+use actix_web::http::header;
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use idempotency::StoredResponse;
 use serde::{Deserialize, Serialize};
@@ -6,6 +7,7 @@ use uuid::Uuid;
 use super::problem::Problem;
 use super::{body, cursor, idempotent, AppState, Buyer};
 use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
+use crate::telemetry;
 
 /// `GET /orders` without `limit`.
 const PAGE: u8 = 20;
@@ -77,7 +79,7 @@ pub async fn create(
     let click = NewOrder::parse(hold_ids, &payment_method).map(Click::new);
     let click = click.as_ref().map_err(|refusal| *refusal);
     let opening = click.ok().and_then(|click| orders.opening(click));
-    idempotent::run(
+    let answered = idempotent::run(
         &state,
         &buyer.0,
         key,
@@ -85,7 +87,24 @@ pub async fn create(
         opening,
         |claim| async move { orders.place(&claim, click?).await },
     )
-    .await
+    .await;
+    // The click's order, for the request's log line: the 201's `Location`,
+    // or a 409's while it waits for Payrail (a 402 names it in its body,
+    // which `idempotent` reads).
+    let made = match &answered {
+        Ok(response) => response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|location| location.to_str().ok())
+            .and_then(|location| location.strip_prefix("/orders/"))
+            .and_then(|order_id| Uuid::parse_str(order_id).ok()),
+        Err(Problem::RequestInProgress { order_id }) => *order_id,
+        Err(_) => None,
+    };
+    if let Some(order_id) = made {
+        telemetry::note_order(&req, order_id);
+    }
+    answered
 }
 
 /// How an order is answered to the click that made it, once it has an
@@ -124,6 +143,7 @@ pub fn answer(order: &Order) -> StoredResponse {
 pub async fn show(
     state: web::Data<AppState>,
     buyer: Buyer,
+    req: HttpRequest,
     order_id: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
     let not_found = || Problem::NotFound("there is no such order of yours");
@@ -133,6 +153,7 @@ pub async fn show(
         .find(buyer.0.as_str(), order_id)
         .await?
         .ok_or_else(not_found)?;
+    telemetry::note_order(&req, order_id);
     Ok(HttpResponse::Ok().json(order))
 }
 

@@ -518,6 +518,12 @@ impl TestApp {
     /// [`spawn_process`](Self::spawn_process) with settings of its own
     /// (on this app's database and sandbox).
     pub async fn spawn_process_with(&self, s: &Settings) -> ServiceProcess {
+        self.spawn_process_logging(s, "warn").await
+    }
+
+    /// [`spawn_process_with`](Self::spawn_process_with), logging at `level`
+    /// (`RUST_LOG`): `info` for a test that reads each request's line.
+    pub async fn spawn_process_logging(&self, s: &Settings, level: &str) -> ServiceProcess {
         let port = free_port();
         let env: Vec<(&str, String)> = vec![
             ("STAGEDOOR_ENV", "test".into()),
@@ -599,7 +605,7 @@ impl TestApp {
                 "STAGEDOOR__OUTCOMES__RETRY_FOR_SECS",
                 s.outcomes.retry_for_secs.to_string(),
             ),
-            ("RUST_LOG", "warn".into()),
+            ("RUST_LOG", level.into()),
         ];
         Service::new(
             env!("CARGO_BIN_EXE_stagedoor-checkout"),

@@ -30,6 +30,7 @@ mod payrail_events;
 mod pool;
 mod provider;
 mod redis_gate;
+mod request_log;
 mod routing;
 mod seats;
 mod security;

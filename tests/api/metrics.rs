@@ -9,6 +9,8 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
     for _ in 0..2 {
         app.post_order("alice", &key, &[hold], "pm_card_visa").await;
     }
+    // A problem answer is counted by its type.
+    assert_eq!(app.post_hold("bob", seats[0], None).await.status(), 409);
     let response = app.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"]
@@ -17,7 +19,8 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
         .starts_with("text/plain"));
     let text = response.text().await.unwrap();
     for expected in [
-        r#"http_requests_total{method="POST",route="/orders",status="201"}"#,
+        r#"http_requests_total{method="POST",route="/orders",status="201",problem="none"}"#,
+        r#"http_requests_total{method="POST",route="/holds",status="409",problem="seat-unavailable"}"#,
         r#"http_request_duration_seconds_bucket{method="POST",route="/orders",le="#,
         r#"idempotency_outcomes_total{outcome="first"}"#,
         r#"idempotency_outcomes_total{outcome="replay"}"#,
