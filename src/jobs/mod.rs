@@ -1,10 +1,12 @@
 //! Background tasks of `serve`: expired-key cleanup, pending-order
-//! reconciliation and the delivery of order events to the shop. Each runs on a tokio interval, is safe with several
+//! reconciliation, the delivery of order events to the shop and the sale's
+//! figures (expired holds, seats by event). Each runs on a tokio interval, is safe with several
 //! instances on one database, and stops when told to.
 
 pub mod cleanup;
 pub mod outcomes;
 pub mod reconcile;
+pub mod sale;
 
 use std::future::Future;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::Limit;
+use idempotency::{Limit, Policy};
 
 use crate::checkout::orders::Orders;
 use crate::config::Settings;
@@ -34,7 +36,14 @@ impl Jobs {
     ) -> Self {
         let cancel = CancellationToken::new();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
-        let reconcile = reconcile::Reconcile::new(pool, orders, &settings.reconcile);
+        let reconcile = reconcile::Reconcile::new(pool.clone(), orders, &settings.reconcile);
+        let sale = sale::Sale::new(
+            pool.clone(),
+            Policy {
+                ttl: settings.idempotency.ttl(),
+                lease: settings.idempotency.lease(),
+            },
+        );
         let mut tasks = vec![
             every(
                 settings.idempotency.cleanup_interval(),
@@ -48,6 +57,10 @@ impl Jobs {
                 let reconcile = reconcile.clone();
                 async move { reconcile.run_logged().await }
             }),
+            every(sale::TICK, cancel.clone(), move || {
+                let sale = sale.clone();
+                async move { sale.run_logged().await }
+            }),
             // The limit's buckets of buyers not seen lately are full again:
             // forget them, so that its memory holds only recent buyers.
             every(Duration::from_secs(60), cancel.clone(), move || {
@@ -60,6 +73,13 @@ impl Jobs {
             tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
                 let (outcomes, stop) = (outcomes.clone(), stop.clone());
                 async move { outcomes.run_logged(&stop).await }
+            }));
+        } else {
+            // Nothing is delivered, but events are still written: counted,
+            // a forgotten URL is a backlog the alert sees.
+            tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
+                let pool = pool.clone();
+                async move { outcomes::measure_backlog_logged(&pool).await }
             }));
         }
         Self { cancel, tasks }

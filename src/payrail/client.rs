@@ -26,8 +26,15 @@ pub struct Charge {
 /// Payrail's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeOutcome {
-    Succeeded { charge_id: String },
-    Declined { charge_id: Option<String> },
+    Succeeded {
+        charge_id: String,
+    },
+    /// `code`: Payrail's `decline_code` (`card_declined`, `insufficient_funds`,
+    /// ...), when it says one.
+    Declined {
+        charge_id: Option<String>,
+        code: Option<String>,
+    },
 }
 
 /// The `Idempotency-Key` of every charge attempt of an order and of its
@@ -108,6 +115,7 @@ impl Attempt {
 #[derive(Deserialize)]
 struct ChargeBody {
     id: Option<String>,
+    decline_code: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -300,15 +308,14 @@ impl Client {
             Ok(bytes) => bytes,
             Err(e) => return failed(&e),
         };
-        let charge_id = serde_json::from_slice::<ChargeBody>(&bytes)
-            .ok()
-            .and_then(|b| b.id);
+        let body = serde_json::from_slice::<ChargeBody>(&bytes).ok();
+        let (charge_id, code) = body.map_or((None, None), |b| (b.id, b.decline_code));
         match status.as_u16() {
             201 => match charge_id {
                 Some(charge_id) => Attempt::Decided(ChargeOutcome::Succeeded { charge_id }),
                 None => Attempt::Failed { timed_out: false },
             },
-            402 => Attempt::Decided(ChargeOutcome::Declined { charge_id }),
+            402 => Attempt::Decided(ChargeOutcome::Declined { charge_id, code }),
             s if s >= 500 || s == 429 => Attempt::Failed { timed_out: false },
             _ => Attempt::Refused(status),
         }

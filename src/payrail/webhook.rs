@@ -224,8 +224,10 @@ impl Event {
         let charge_id = self.data.charge.id.clone();
         match self.kind() {
             EventKind::Succeeded => Some(ChargeOutcome::Succeeded { charge_id }),
+            // An event says no decline code.
             EventKind::Declined => Some(ChargeOutcome::Declined {
                 charge_id: Some(charge_id),
+                code: None,
             }),
             EventKind::Other | EventKind::Unverified => None,
         }

@@ -162,6 +162,13 @@ impl TestApp {
         }
     }
 
+    /// Stops this in-process instance, its jobs with it: for a test that
+    /// reads the counts of its process instances alone (this one's
+    /// recorder is every in-process instance's).
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+
     /// A second instance on the same database and sandbox.
     pub async fn another_instance(&self) -> TestApp {
         Self::start(self.db.clone(), self.sandbox.clone(), self.settings.clone()).await
@@ -552,6 +559,7 @@ impl TestApp {
                 "STAGEDOOR__HOLDS__MAX_PER_BUYER",
                 s.holds.max_per_buyer.to_string(),
             ),
+            ("STAGEDOOR__HOLDS__TTL_SECS", s.holds.ttl_secs.to_string()),
             ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),
             (
                 "STAGEDOOR__PAYRAIL__TIMEOUT_MS",

@@ -32,6 +32,7 @@ mod provider;
 mod redis_gate;
 mod request_log;
 mod routing;
+mod sale_metrics;
 mod seats;
 mod security;
 mod slow_requests;

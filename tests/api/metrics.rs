@@ -121,8 +121,31 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         "result",
         &["ok", "failed"],
     ));
+    at_zero.extend(labelled(
+        "holds_ended_total",
+        "how",
+        &["ordered", "expired", "released"],
+    ));
+    for status in ["paid", "declined", "failed"] {
+        for reason in [
+            "none",
+            "card_declined",
+            "insufficient_funds",
+            "expired_card",
+            "incorrect_cvc",
+            "lost_card",
+            "stolen_card",
+            "other",
+            "unknown",
+        ] {
+            at_zero.push(format!(
+                r#"orders_settled_total{{status="{status}",reason="{reason}"}}"#
+            ));
+        }
+    }
     at_zero.extend(
         [
+            "order_events_pending",
             "auth_keys_stale",
             "payrail_breaker_open",
             "payrail_breaker_rejections_total",
@@ -154,6 +177,30 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         Some("4"),
         "the pool's size (STAGEDOOR__DATABASE__POOL_SIZE of spawn_process)"
     );
+    let build = format!(r#"build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        value_of(&build).as_deref(),
+        Some("1"),
+        "{build} in:\n{text}"
+    );
+    for series in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_threads",
+        "process_start_time_seconds",
+    ] {
+        let value: f64 = value_of(series)
+            .unwrap_or_else(|| panic!("{series} missing from:\n{text}"))
+            .parse()
+            .unwrap();
+        assert!(
+            value > 0.0 || series == "process_cpu_seconds_total",
+            "{series} {value}"
+        );
+    }
     instance.stop(std::time::Duration::from_secs(10)).await;
 }
 

@@ -32,7 +32,7 @@ use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
 pub use place::Click;
-pub use settle::{record_decision, Settlement};
+pub use settle::{record_decision, Settlement, METRICS};
 pub use status::{OrderStatus, PaymentMethod};
 
 /// When the effect an idempotency key links is still settling, for the key
