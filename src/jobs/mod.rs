@@ -20,6 +20,10 @@ use idempotency::{Limit, Policy};
 use crate::checkout::orders::Orders;
 use crate::config::Settings;
 
+/// How often the order events are counted where none is delivered (no
+/// `outcomes.webhook_url`), at most.
+const UNSENT_COUNT_EVERY: Duration = Duration::from_secs(10);
+
 /// The running tasks; `stop` cancels them and waits for them to finish.
 pub struct Jobs {
     cancel: CancellationToken,
@@ -76,8 +80,11 @@ impl Jobs {
             }));
         } else {
             // Nothing is delivered, but events are still written: counted,
-            // a forgotten URL is a backlog the alert sees.
-            tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
+            // a forgotten URL is a backlog the alert sees. Not as often as a
+            // delivery looks: nothing drains it, and the alert reads ages of
+            // minutes.
+            let every_so_often = settings.outcomes.poll().max(UNSENT_COUNT_EVERY);
+            tasks.push(every(every_so_often, cancel.clone(), move || {
                 let pool = pool.clone();
                 async move { outcomes::measure_backlog_logged(&pool).await }
             }));

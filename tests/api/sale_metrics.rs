@@ -128,7 +128,7 @@ async fn the_sale_is_counted_once_each_and_seats_shown_for_events_on_sale() {
         (r#"event_seats{event_id="sale",status="available"}"#, "2"),
         ("order_events_pending", "3"),
     ];
-    let page = until_shown(&app, &first, &counted, Duration::from_secs(15)).await;
+    let page = until_shown(&app, &first, &counted, Duration::from_secs(25)).await;
     assert!(
         !page
             .iter()
