@@ -1,7 +1,8 @@
 //! Logging and tracing: a tracing subscriber (JSON in production, human
 //! text elsewhere), a root span per request carrying its id, trace id,
-//! method, path, status and latency, and its line the buyer, the order and
-//! the problem type when the handlers know them, and W3C Trace Context: a request's
+//! method, path, status and latency (the line that ends it also names the
+//! buyer, the order and the problem type, when the handlers know them), and
+//! W3C Trace Context: a request's
 //! `traceparent` / `tracestate` make its span a child of the caller's (else
 //! it starts a trace), and calls out (Payrail) carry the current span as
 //! their parent ([`trace_headers`]). With `telemetry.otlp_endpoint` set, the
