@@ -1,6 +1,7 @@
 //! Holds: a buyer's claim on a seat until it expires or is ordered. The
 //! exclusion constraint `holds_one_per_seat` decides who gets a seat, and
-//! `checkout_place_hold` (migrations/V8) how many a buyer may hold.
+//! `checkout_place_hold` (migrations/V8, its count since V11) how many a
+//! buyer may hold.
 
 use std::time::Duration;
 
@@ -27,8 +28,10 @@ pub struct Hold {
 pub struct HoldPolicy {
     /// How long a hold keeps its seat.
     pub ttl: Duration,
-    /// A buyer's live holds on one event that no order has taken yet, at
-    /// most: so that one buyer cannot hold a whole event.
+    /// A buyer's seats of one event, at most: live holds no order has taken
+    /// yet and seats in orders still waiting for their payment, so that one
+    /// buyer can hold a whole event neither by holds nor by orders whose
+    /// payment never comes.
     pub max_per_buyer: u32,
 }
 
@@ -72,8 +75,8 @@ pub async fn place_claimed(
 /// Holds a seat for `policy.ttl`: `SeatUnavailable` when a live hold or an
 /// order has it, `NoSuchSeat` when there is no such seat,
 /// `HoldLimitReached` (nothing written) when the buyer already has
-/// `policy.max_per_buyer` live unordered holds on its event, counted in
-/// the database across instances. Runs on whatever client it is given: a
+/// `policy.max_per_buyer` seats of its event in live unordered holds and
+/// pending orders, counted in the database across instances. Runs on whatever client it is given: a
 /// keyed request's unit, so that the hold commits together with its stored
 /// answer, or a plain connection. One call either way.
 ///

@@ -242,8 +242,9 @@ impl OutcomesSettings {
 #[derive(Debug, Clone, Deserialize)]
 pub struct HoldSettings {
     pub ttl_secs: u64,
-    /// A buyer's live holds on one event that no order has taken yet, at
-    /// most, across instances; one more is `409 hold-limit-reached`.
+    /// A buyer's seats of one event in live holds that no order has taken
+    /// yet and in orders still `payment_pending`, at most, across
+    /// instances; one more hold is `409 hold-limit-reached`.
     pub max_per_buyer: u32,
 }
 
