@@ -219,6 +219,8 @@ pub struct OutcomesSettings {
     pub max_backoff_secs: u64,
     /// How long an event is retried before it is given up.
     pub retry_for_secs: u64,
+    /// Days a delivered event is kept; then `jobs::retention` deletes it.
+    pub keep_days: u64,
 }
 
 impl OutcomesSettings {
@@ -237,6 +239,9 @@ impl OutcomesSettings {
     pub fn retry_for(&self) -> Duration {
         Duration::from_secs(self.retry_for_secs)
     }
+    pub fn keep(&self) -> Duration {
+        Duration::from_secs(self.keep_days.saturating_mul(86_400))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,6 +251,15 @@ pub struct HoldSettings {
     /// yet and in orders still `payment_pending`, at most, across
     /// instances; one more hold is `409 hold-limit-reached`.
     pub max_per_buyer: u32,
+    /// How long after its expiry a hold that no order took is kept; then
+    /// `jobs::retention` deletes it.
+    pub retention_secs: u64,
+}
+
+impl HoldSettings {
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(self.retention_secs)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

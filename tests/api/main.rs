@@ -29,6 +29,7 @@ mod payrail_events;
 mod pool;
 mod provider;
 mod redis_gate;
+mod retention;
 mod routing;
 mod seats;
 mod security;
