@@ -10,6 +10,7 @@ mod client;
 mod cors;
 mod crash;
 mod database_tls;
+mod descriptors;
 mod expiry;
 mod give_up;
 mod health;
