@@ -112,3 +112,48 @@ async fn the_seat_map_names_the_callers_own_live_holds_and_no_one_elses() {
         "bob sees alice's seat held, not her hold: {bob}"
     );
 }
+
+/// The seat map reads its event's holds, not every hold ever made: with
+/// the holds of past events in the table (50,000 across 10,000 seats), its
+/// plan, generic as the pool's, probes each seat's holds through an index
+/// on the seat, never scans the table.
+#[tokio::test]
+async fn the_seat_map_reads_no_other_events_holds() {
+    let app = spawn_app().await;
+    app.seed("show", 2_000, 1000).await;
+    let past = app.seed("past", 10_000, 1000).await;
+    let client = app.db.client().await;
+    // Five expired holds on each seat of the past event, one after another.
+    client
+        .execute(
+            "INSERT INTO holds (seat_id, user_id, created_at, expires_at)
+             SELECT seat_id, 'crowd', now() - interval '30 days' + n * interval '10 minutes',
+                    now() - interval '30 days' + n * interval '10 minutes' + interval '5 minutes'
+             FROM unnest($1::bigint[]) AS seat_id, generate_series(1, 5) AS n",
+            &[&past],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "ANALYZE holds, seats;
+             SET plan_cache_mode = force_generic_plan;
+             PREPARE seat_map (text, text) AS {}",
+            stagedoor_checkout::checkout::seats::SEAT_MAP_STATEMENT
+        ))
+        .await
+        .unwrap();
+    let plan: Vec<String> = client
+        .simple_query("EXPLAIN EXECUTE seat_map ('show', 'alice')")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan on holds"), "{plan}");
+    assert!(plan.contains("Index Cond: (seat_id = s.seat_id)"), "{plan}");
+}
