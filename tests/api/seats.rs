@@ -1,4 +1,4 @@
-use crate::helpers::{new_key, spawn_app, Seen};
+use crate::helpers::{new_key, spawn_app, Seen, TestApp};
 
 #[tokio::test]
 async fn the_seat_map_shows_available_held_and_sold_seats() {
@@ -156,4 +156,135 @@ async fn the_seat_map_reads_no_other_events_holds() {
     let plan = plan.join("\n");
     assert!(!plan.contains("Seq Scan on holds"), "{plan}");
     assert!(plan.contains("Index Cond: (seat_id = s.seat_id)"), "{plan}");
+}
+
+/// A seat map's answer: its status, headers and body bytes as sent.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+/// `GET /events/show/seats` as `buyer`, with these request headers.
+async fn get_seats_with(app: &TestApp, buyer: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut request = app.as_buyer(app.http.get(app.url("/events/show/seats")), buyer);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap().to_vec(),
+    }
+}
+
+fn header<'a>(seen: &'a Answer, name: &str) -> Option<&'a str> {
+    seen.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn etag(seen: &Answer) -> String {
+    header(seen, "etag").expect("an ETag").to_owned()
+}
+
+/// A poll that changed nothing costs a 304 and no body; a change of
+/// anyone's hold, or of the caller's own, makes a new tag.
+#[tokio::test]
+async fn the_seat_map_is_304_while_its_etag_still_matches() {
+    let app = spawn_app().await;
+    let seats = app.seed("show", 4, 1000).await;
+    let first = get_seats_with(&app, "alice", &[]).await;
+    assert_eq!(first.status, 200);
+    let tag = etag(&first);
+    assert!(tag.starts_with("W/\""), "{tag}");
+    assert_eq!(header(&first, "cache-control"), Some("private, no-cache"));
+    assert_eq!(header(&first, "vary"), Some("Accept-Encoding"));
+    assert_eq!(header(&first, "content-type"), Some("application/json"));
+
+    for (if_none_match, why) in [
+        (tag.clone(), "the tag"),
+        (tag.trim_start_matches("W/").to_owned(), "the tag, strong"),
+        (format!("\"other\", {tag}"), "the tag in a list"),
+        ("*".to_owned(), "any"),
+    ] {
+        let again = get_seats_with(&app, "alice", &[("If-None-Match", &if_none_match)]).await;
+        assert_eq!(again.status, 304, "{why}");
+        assert!(again.body.is_empty(), "{why}");
+        assert_eq!(etag(&again), tag, "{why}");
+        assert_eq!(header(&again, "cache-control"), Some("private, no-cache"));
+        assert_eq!(header(&again, "vary"), Some("Accept-Encoding"));
+    }
+    let other = get_seats_with(&app, "alice", &[("If-None-Match", "W/\"other\"")]).await;
+    assert_eq!((other.status, &other.body), (200, &first.body));
+
+    // Another buyer's hold changes the map, and so its tag.
+    app.hold("bob", seats[0]).await;
+    let changed = get_seats_with(&app, "alice", &[("If-None-Match", &tag)]).await;
+    assert_eq!(changed.status, 200);
+    assert_ne!(etag(&changed), tag);
+    assert_eq!(changed.json()["seats"][0]["status"], "held");
+    // So does the caller's own hold, which only their map shows as theirs.
+    let tag = etag(&changed);
+    let mine = app.hold("alice", seats[1]).await;
+    let changed = get_seats_with(&app, "alice", &[("If-None-Match", &tag)]).await;
+    assert_eq!(changed.status, 200);
+    assert_eq!(changed.json()["seats"][1]["your_hold"]["hold_id"], mine);
+}
+
+/// The body is gzipped when the caller prefers gzip, and is then the same
+/// bytes as the identity body once decompressed; the tag is the same.
+#[tokio::test]
+async fn the_seat_map_is_gzipped_when_the_caller_accepts_gzip() {
+    use std::io::Read;
+
+    let app = spawn_app().await;
+    let seats = app.seed("show", 2_000, 1000).await;
+    app.hold("alice", seats[7]).await;
+    let plain = get_seats_with(&app, "alice", &[]).await;
+    assert_eq!(header(&plain, "content-encoding"), None);
+    serde_json::from_slice::<serde_json::Value>(&plain.body).unwrap();
+
+    for accepted in ["gzip", "gzip, deflate, br", "identity;q=0.5, gzip"] {
+        let gzipped = get_seats_with(&app, "alice", &[("Accept-Encoding", accepted)]).await;
+        assert_eq!(gzipped.status, 200, "{accepted}");
+        assert_eq!(
+            header(&gzipped, "content-encoding"),
+            Some("gzip"),
+            "{accepted}"
+        );
+        assert_eq!(etag(&gzipped), etag(&plain), "{accepted}");
+        let mut body = Vec::new();
+        flate2::read::GzDecoder::new(&gzipped.body[..])
+            .read_to_end(&mut body)
+            .unwrap();
+        assert_eq!(body, plain.body, "{accepted}");
+        assert!(
+            gzipped.body.len() * 5 < plain.body.len(),
+            "{accepted}: {} bytes gzipped of {}",
+            gzipped.body.len(),
+            plain.body.len()
+        );
+    }
+    for refused in ["gzip;q=0", "identity", "br", "identity, gzip;q=0.5"] {
+        let seen = get_seats_with(&app, "alice", &[("Accept-Encoding", refused)]).await;
+        assert_eq!(header(&seen, "content-encoding"), None, "{refused}");
+        assert_eq!(seen.body, plain.body, "{refused}");
+    }
+    let not_modified = get_seats_with(
+        &app,
+        "alice",
+        &[
+            ("Accept-Encoding", "gzip"),
+            ("If-None-Match", &etag(&plain)),
+        ],
+    )
+    .await;
+    assert_eq!(not_modified.status, 304);
+    assert!(not_modified.body.is_empty());
 }
