@@ -519,7 +519,20 @@ impl TestApp {
     /// (on this app's database and sandbox).
     pub async fn spawn_process_with(&self, s: &Settings) -> ServiceProcess {
         let port = free_port();
-        let env: Vec<(&str, String)> = vec![
+        Service::new(
+            env!("CARGO_BIN_EXE_stagedoor-checkout"),
+            format!("http://127.0.0.1:{port}"),
+        )
+        .arg("serve")
+        .envs(self.process_env(s, port))
+        .spawn_or_panic(Duration::from_secs(10))
+        .await
+    }
+
+    /// The environment of [`spawn_process_with`](Self::spawn_process_with)'s
+    /// process, serving on `port`.
+    pub fn process_env(&self, s: &Settings, port: u16) -> Vec<(&'static str, String)> {
+        vec![
             ("STAGEDOOR_ENV", "test".into()),
             (
                 "STAGEDOOR_CONFIG_DIR",
@@ -600,14 +613,6 @@ impl TestApp {
                 s.outcomes.retry_for_secs.to_string(),
             ),
             ("RUST_LOG", "warn".into()),
-        ];
-        Service::new(
-            env!("CARGO_BIN_EXE_stagedoor-checkout"),
-            format!("http://127.0.0.1:{port}"),
-        )
-        .arg("serve")
-        .envs(env)
-        .spawn_or_panic(Duration::from_secs(10))
-        .await
+        ]
     }
 }
