@@ -67,6 +67,10 @@ USER 10001:10001
 # docker-compose.yml, `-p 8080:8080` with docker run, containerPort in a pod.
 # SIGTERM: stop accepting, drain in-flight requests, stop the jobs, exit 0.
 STOPSIGNAL SIGTERM
+# No image sets its open-files limit: the runtime does (`ulimits: nofile` in
+# docker-compose.yml, `--ulimit nofile=65536:65536` with docker run, the
+# node's limits in a pod). `serve` raises its soft limit to that hard one
+# at start and logs both (`open files: ...`).
 # Liveness on /healthz (no database involved) of the default program, the
 # service on 8080. Whoever moves server.port overrides this too, as
 # docker-compose.yml does for payrail-sandbox.

@@ -15,7 +15,7 @@ use crate::checkout::seats;
 use crate::config::Settings;
 use crate::jobs::cleanup::{Cleanup, Swept};
 use crate::startup::{prepare_database, Application};
-use crate::{db, telemetry};
+use crate::{db, descriptors, telemetry};
 
 /// Stagedoor checkout: seat holds and orders where one click is one order
 /// and at most one charge.
@@ -115,6 +115,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            descriptors::raise_logged();
             Application::build(settings)
                 .await?
                 .run_until_stopped()

@@ -7,6 +7,7 @@ pub mod checkout; // the domain: events, seats, holds, orders (SQL, Payrail, no 
 pub mod cli; // the admin commands besides `serve`
 pub mod config; // typed, layered settings
 pub mod db; // pool, create-if-missing, embedded migrations
+pub mod descriptors; // the open-files limit, raised at start
 pub mod http; // the thin actix layer: auth, problems (RFC 9457), handlers
 pub mod jobs; // background tasks: key cleanup, order reconciliation
 pub mod observe; // metric names and the /metrics renderer

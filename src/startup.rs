@@ -24,7 +24,7 @@ use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::payrail_events::{self, PayrailEvents};
 use crate::http::{self, AppState};
-use crate::jobs::{cleanup, outcomes, reconcile, sale, Jobs};
+use crate::jobs::{cleanup, outcomes, reconcile, retention, sale, Jobs};
 use crate::payrail;
 use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
@@ -53,6 +53,7 @@ impl Application {
             cleanup::METRICS,
             reconcile::METRICS,
             outcomes::METRICS,
+            retention::METRICS,
             sale::METRICS,
             holds::METRICS,
             orders::METRICS,

@@ -1,6 +1,7 @@
 //! Holds: a buyer's claim on a seat until it expires or is ordered. The
 //! exclusion constraint `holds_one_per_seat` decides who gets a seat, and
-//! `checkout_place_hold` (migrations/V8) how many a buyer may hold.
+//! `checkout_place_hold` (migrations/V8, its count since V11) how many a
+//! buyer may hold.
 
 use std::time::{Duration, SystemTime};
 
@@ -29,8 +30,10 @@ pub struct Hold {
 pub struct HoldPolicy {
     /// How long a hold keeps its seat.
     pub ttl: Duration,
-    /// A buyer's live holds on one event that no order has taken yet, at
-    /// most: so that one buyer cannot hold a whole event.
+    /// A buyer's seats of one event, at most: live holds no order has taken
+    /// yet and seats in orders still waiting for their payment, so that one
+    /// buyer can hold a whole event neither by holds nor by orders whose
+    /// payment never comes.
     pub max_per_buyer: u32,
 }
 
@@ -74,8 +77,8 @@ pub async fn place_claimed(
 /// Holds a seat for `policy.ttl`: `SeatUnavailable` when a live hold or an
 /// order has it, `NoSuchSeat` when there is no such seat,
 /// `HoldLimitReached` (nothing written) when the buyer already has
-/// `policy.max_per_buyer` live unordered holds on its event, counted in
-/// the database across instances. Runs on whatever client it is given: a
+/// `policy.max_per_buyer` seats of its event in live unordered holds and
+/// pending orders, counted in the database across instances. Runs on whatever client it is given: a
 /// keyed request's unit, so that the hold commits together with its stored
 /// answer, or a plain connection. One call either way.
 ///
@@ -157,7 +160,8 @@ pub async fn release(
 /// ended by their expiry. A hold's expiry is fixed when it is made, always
 /// after that moment, so once `to` has passed the count of a span never
 /// changes (but for a hold given back by an order declined after its
-/// expiry, which ended in that order).
+/// expiry, which ended in that order). Through the index of unordered
+/// holds by expiry (migrations/V12), a window reads its own holds.
 pub async fn expired_between(
     client: &impl GenericClient,
     from: SystemTime,
@@ -198,4 +202,32 @@ pub const METRICS: &[&dyn Metric] = &[&HOLDS_ENDED];
 /// Counts `count` holds that ended `how`.
 pub fn ended(how: HowEnded, count: usize) {
     HOLDS_ENDED.of(how).increment(count as u64);
+}
+
+/// Deletes at most `batch` holds that expired before `before` and that no
+/// order took, oldest first; returns how many went. A hold that a declined
+/// or failed order gave back is one of them: the order keeps its seats'
+/// labels and its amount, not its holds.
+///
+/// The batch's ids are read first, through the index of unordered holds by
+/// expiry (migrations/V12), and each row is then found by its key: a join
+/// of the two, planned for any `before`, read every due hold (150 ms for
+/// 400,000 due, against 12 ms so). The condition is checked again on each
+/// row, in case it changed since.
+pub async fn delete_expired(
+    client: &impl GenericClient,
+    before: SystemTime,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let statement = client
+        .prepare_cached(
+            "DELETE FROM holds
+             WHERE hold_id = ANY (ARRAY(SELECT hold_id FROM holds
+                                        WHERE order_id IS NULL AND expires_at < $1
+                                        ORDER BY expires_at
+                                        LIMIT $2))
+               AND order_id IS NULL AND expires_at < $1",
+        )
+        .await?;
+    Ok(client.execute(&statement, &[&before, &batch]).await?)
 }

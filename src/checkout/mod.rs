@@ -23,8 +23,8 @@ pub enum CheckoutError {
     /// A live hold or an order has the seat.
     #[error("this seat is held by someone else or already sold")]
     SeatUnavailable,
-    /// The buyer has `holds.max_per_buyer` live holds on the seat's event
-    /// already; nothing was written.
+    /// The buyer has `holds.max_per_buyer` seats of the seat's event already,
+    /// in live unordered holds and pending orders; nothing was written.
     #[error("you already hold as many seats of this event as one buyer may")]
     HoldLimitReached,
     /// A hold is unknown, not the buyer's, expired, or in another order.

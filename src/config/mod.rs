@@ -226,6 +226,8 @@ pub struct OutcomesSettings {
     pub max_backoff_secs: u64,
     /// How long an event is retried before it is given up.
     pub retry_for_secs: u64,
+    /// Days a delivered event is kept; then `jobs::retention` deletes it.
+    pub keep_days: u64,
 }
 
 impl OutcomesSettings {
@@ -244,14 +246,27 @@ impl OutcomesSettings {
     pub fn retry_for(&self) -> Duration {
         Duration::from_secs(self.retry_for_secs)
     }
+    pub fn keep(&self) -> Duration {
+        Duration::from_secs(self.keep_days.saturating_mul(86_400))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct HoldSettings {
     pub ttl_secs: u64,
-    /// A buyer's live holds on one event that no order has taken yet, at
-    /// most, across instances; one more is `409 hold-limit-reached`.
+    /// A buyer's seats of one event in live holds that no order has taken
+    /// yet and in orders still `payment_pending`, at most, across
+    /// instances; one more hold is `409 hold-limit-reached`.
     pub max_per_buyer: u32,
+    /// How long after its expiry a hold that no order took is kept; then
+    /// `jobs::retention` deletes it.
+    pub retention_secs: u64,
+}
+
+impl HoldSettings {
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(self.retention_secs)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -864,6 +879,16 @@ mod tests {
         let err = settings.validate().unwrap_err().to_string();
         assert!(err.contains("server.metrics_addr"), "{err}");
         settings.server.metrics_addr.clear();
+        for (bad_secs, bad_days) in [(59, 0), (31_536_001, 3_651)] {
+            let mut settings = settings.clone();
+            settings.holds.retention_secs = bad_secs;
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(err.contains("holds.retention_secs"), "{bad_secs}: {err}");
+            settings.holds.retention_secs = 86_400;
+            settings.outcomes.keep_days = bad_days;
+            let err = settings.validate().unwrap_err().to_string();
+            assert!(err.contains("outcomes.keep_days"), "{bad_days}: {err}");
+        }
         for bad in [0, 10_001] {
             settings.payrail.breaker_failures = bad;
             let err = settings.validate().unwrap_err().to_string();

@@ -76,6 +76,17 @@ impl Settings {
                 );
             }
         }
+        // Past these a retention keeps the tables growing for as long as
+        // it is set to, and a due time before the epoch is no time at all.
+        if !(60..=31_536_000).contains(&self.holds.retention_secs) {
+            return invalid(
+                "holds.retention_secs",
+                "must be from 60 to 31536000 (a year)",
+            );
+        }
+        if !(1..=3_650).contains(&self.outcomes.keep_days) {
+            return invalid("outcomes.keep_days", "must be from 1 to 3650");
+        }
         if !(1..=MAX_BREAKER_FAILURES).contains(&self.payrail.breaker_failures) {
             return invalid(
                 "payrail.breaker_failures",

@@ -9,7 +9,7 @@
 //! time, so that every instance of one build answers the same tag and a
 //! `304` when the browser already has it.
 
-use actix_web::http::header::{self, EntityTag, Header, IfNoneMatch};
+use actix_web::http::header::{self, EntityTag};
 use actix_web::{HttpRequest, HttpResponse};
 
 const MODULE: Asset = Asset::new(
@@ -55,12 +55,7 @@ impl Asset {
     /// caching headers, so a cache can refresh what it holds.
     fn serve(&self, req: &HttpRequest) -> HttpResponse {
         let tag = EntityTag::new_strong(format!("{:x}-{:016x}", self.text.len(), self.hash));
-        // A malformed If-None-Match is as good as none: the file is sent.
-        let cached = match IfNoneMatch::parse(req) {
-            Ok(IfNoneMatch::Any) => true,
-            Ok(IfNoneMatch::Items(tags)) => tags.iter().any(|t| t.weak_eq(&tag)),
-            Err(_) => false,
-        };
+        let cached = super::conditional::has(req, &tag);
         let mut response = if cached {
             HttpResponse::NotModified()
         } else {

@@ -4,6 +4,7 @@
 mod auth;
 mod body;
 mod client;
+mod conditional;
 pub mod cors;
 mod cursor;
 mod demo;

@@ -351,8 +351,8 @@ impl Kind {
                 StatusCode::CONFLICT,
                 "hold-limit-reached",
                 "Hold limit reached",
-                "the buyer has `holds.max_per_buyer` live holds on the event that no order \
-                 has taken; nothing was written",
+                "the buyer has `holds.max_per_buyer` seats of the event in live holds that no \
+                 order has taken and in orders waiting for their payment; nothing was written",
             )
             .stored(),
             Kind::HoldUnavailable => Entry::new(

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Where a connection is in its current request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
     /// Accepted then, and nothing of a request seen since.
     Idle(Instant),
@@ -139,12 +139,15 @@ async fn patrol(
                 forget_readiness(&socket);
                 let Some(watch) = watch.upgrade() else { return };
                 let now = Instant::now();
-                watch.phase.send_if_modified(|phase| match phase {
-                    Phase::Idle(_) | Phase::Answered(_) => {
-                        *phase = Phase::Arriving(now);
-                        true
+                // Only from the idle spell it waited in: a wake that lost
+                // the race to a request served meanwhile (the bytes of
+                // that request) marks nothing.
+                watch.phase.send_if_modified(|current| {
+                    let idle = *current == phase;
+                    if idle {
+                        *current = Phase::Arriving(now);
                     }
-                    Phase::Arriving(_) | Phase::InService(_) => false,
+                    idle
                 });
             }
         }

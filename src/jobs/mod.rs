@@ -1,11 +1,13 @@
 //! Background tasks of `serve`: expired-key cleanup, pending-order
-//! reconciliation, the delivery of order events to the shop and the sale's
-//! figures (expired holds, seats by event). Each runs on a tokio interval, is safe with several
+//! reconciliation, the delivery of order events to the shop, the retention
+//! of holds and delivered events, and the sale's figures (expired holds,
+//! seats by event). Each runs on a tokio interval, is safe with several
 //! instances on one database, and stops when told to.
 
 pub mod cleanup;
 pub mod outcomes;
 pub mod reconcile;
+pub mod retention;
 pub mod sale;
 
 use std::future::Future;
@@ -40,6 +42,8 @@ impl Jobs {
     ) -> Self {
         let cancel = CancellationToken::new();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
+        let retention =
+            retention::Retention::new(pool.clone(), &settings.holds, &settings.outcomes);
         let reconcile = reconcile::Reconcile::new(pool.clone(), orders, &settings.reconcile);
         let sale = sale::Sale::new(
             pool.clone(),
@@ -57,6 +61,15 @@ impl Jobs {
                     async move { cleanup.run_logged().await }
                 },
             ),
+            // The key cleanup's cadence: both delete what a day of sales
+            // left behind.
+            every(settings.idempotency.cleanup_interval(), cancel.clone(), {
+                let stop = cancel.clone();
+                move || {
+                    let (retention, stop) = (retention.clone(), stop.clone());
+                    async move { retention.run_logged(&stop).await }
+                }
+            }),
             every(settings.reconcile.interval(), cancel.clone(), move || {
                 let reconcile = reconcile.clone();
                 async move { reconcile.run_logged().await }

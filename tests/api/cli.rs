@@ -181,6 +181,7 @@ async fn production_refuses_to_start_on_a_secret_the_repository_publishes() {
         env.extend([
             (variable, value),
             ("STAGEDOOR__AUTH__AUDIENCE", "https://checkout.shop.example"),
+            ("STAGEDOOR__AUTH__ISSUER", "https://login.shop.example/"),
         ]);
         let output = run(&app, &["serve"], &env).await;
         let stderr = String::from_utf8_lossy(&output.stderr);

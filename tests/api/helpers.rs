@@ -532,7 +532,23 @@ impl TestApp {
     /// (`RUST_LOG`): `info` for a test that reads each request's line.
     pub async fn spawn_process_logging(&self, s: &Settings, level: &str) -> ServiceProcess {
         let port = free_port();
-        let env: Vec<(&str, String)> = vec![
+        let mut env = self.process_env(s, port);
+        env.retain(|(name, _)| *name != "RUST_LOG");
+        env.push(("RUST_LOG", level.into()));
+        Service::new(
+            env!("CARGO_BIN_EXE_stagedoor-checkout"),
+            format!("http://127.0.0.1:{port}"),
+        )
+        .arg("serve")
+        .envs(env)
+        .spawn_or_panic(Duration::from_secs(10))
+        .await
+    }
+
+    /// The environment of [`spawn_process_with`](Self::spawn_process_with)'s
+    /// process, serving on `port`.
+    pub fn process_env(&self, s: &Settings, port: u16) -> Vec<(&'static str, String)> {
+        vec![
             ("STAGEDOOR_ENV", "test".into()),
             (
                 "STAGEDOOR_CONFIG_DIR",
@@ -613,15 +629,7 @@ impl TestApp {
                 "STAGEDOOR__OUTCOMES__RETRY_FOR_SECS",
                 s.outcomes.retry_for_secs.to_string(),
             ),
-            ("RUST_LOG", level.into()),
-        ];
-        Service::new(
-            env!("CARGO_BIN_EXE_stagedoor-checkout"),
-            format!("http://127.0.0.1:{port}"),
-        )
-        .arg("serve")
-        .envs(env)
-        .spawn_or_panic(Duration::from_secs(10))
-        .await
+            ("RUST_LOG", "warn".into()),
+        ]
     }
 }

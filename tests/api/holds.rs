@@ -230,6 +230,108 @@ async fn holds_taken_by_an_order_or_expired_or_released_do_not_count() {
     assert_invariants(&app).await;
 }
 
+/// Settles a buyer's order as Payrail's decline does, by the function
+/// every path of a decline calls (the click, Payrail's event,
+/// reconciliation): the order `declined`, its holds given back.
+async fn decline(app: &TestApp, buyer: &str, order_id: &str) {
+    let client = app.db.client().await;
+    let settled = client
+        .query(
+            "SELECT 1 FROM checkout_settle_order($1, $2::text::uuid, 'declined', NULL)",
+            &[&buyer, &order_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.len(), 1, "the order was pending");
+}
+
+/// Holds `seats` for `buyer` and orders them with a card whose payment
+/// fails at Payrail: the click is 503 and its order stays `payment_pending`
+/// (reconciliation waits `reconcile.grace_secs`, 30 s, before it asks).
+async fn order_left_pending(app: &TestApp, buyer: &str, seats: &[i64]) -> String {
+    let mut held = Vec::new();
+    for &seat in seats {
+        held.push(app.hold(buyer, seat).await);
+    }
+    let seen = Seen::of(
+        app.post_order(buyer, &new_key(), &held, "pm_card_error")
+            .await,
+    )
+    .await;
+    assert_eq!(seen.status, 503, "Payrail answered 500");
+    app.only_order_id().await
+}
+
+/// A buyer at the limit whose order's payment never comes cannot hold the
+/// limit again: the seats of a pending order count until it settles. A
+/// decline gives them back as live holds, which still count; a paid order's
+/// seats do not.
+#[tokio::test]
+async fn seats_in_an_order_waiting_for_its_payment_count_toward_the_limit() {
+    let app = limited_app(LIMIT).await;
+    let seats = app.seed("show", 6, 1000).await;
+    let order_id = order_left_pending(&app, "mallory", &seats[..3]).await;
+    for key in [None, Some(new_key())] {
+        let refused = Seen::of(app.post_hold("mallory", seats[3], key.as_deref()).await).await;
+        assert_hold_limit_reached(&refused, "three seats in a pending order");
+    }
+    assert_eq!(holds_of(&app, "mallory").await, 3);
+    // Another event is not limited by this one's order; nor is anyone else.
+    let other = app.seed("matinee", 1, 1000).await;
+    app.hold("mallory", other[0]).await;
+    app.hold("alice", seats[3]).await;
+
+    decline(&app, "mallory", &order_id).await;
+    let refused = Seen::of(app.post_hold("mallory", seats[4], None).await).await;
+    assert_hold_limit_reached(&refused, "three live holds given back by the decline");
+
+    let client = app.db.client().await;
+    let given_back: Vec<i64> = client
+        .query(
+            "SELECT h.hold_id FROM holds h JOIN seats s USING (seat_id)
+             WHERE h.user_id = 'mallory' AND s.event_id = 'show' ORDER BY h.hold_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let paid = Seen::of(
+        app.post_order("mallory", &new_key(), &given_back, "pm_card_visa")
+            .await,
+    )
+    .await;
+    assert_eq!(paid.status, 201);
+    app.hold("mallory", seats[4]).await;
+    app.hold("mallory", seats[5]).await;
+    assert_invariants(&app).await;
+}
+
+/// An order keeps its seats past its holds' expiry until it settles, and
+/// so they count as long.
+#[tokio::test]
+async fn a_pending_orders_seats_count_after_their_holds_would_have_expired() {
+    let app = limited_app(LIMIT).await;
+    let seats = app.seed("show", 4, 1000).await;
+    let order_id = order_left_pending(&app, "mallory", &seats[..3]).await;
+    let client = app.db.client().await;
+    client
+        .execute(
+            "UPDATE holds SET expires_at = now() WHERE user_id = 'mallory'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let refused = Seen::of(app.post_hold("mallory", seats[3], None).await).await;
+    assert_hold_limit_reached(&refused, "a pending order's expired holds");
+
+    // Declined, its holds come back expired, and count no more.
+    decline(&app, "mallory", &order_id).await;
+    app.hold("mallory", seats[3]).await;
+    assert_invariants(&app).await;
+}
+
 /// Concurrent holds of one buyer at the limit, on one instance or two
 /// (the count is the database's): exactly `max_per_buyer` get through.
 async fn race_to_the_limit(apps: &[Arc<TestApp>], max_per_buyer: u32, racers: usize) {

@@ -117,6 +117,11 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         &["done", "skipped", "failed"],
     ));
     at_zero.extend(labelled(
+        "retention_runs_total",
+        "result",
+        &["done", "skipped", "failed"],
+    ));
+    at_zero.extend(labelled(
         "auth_key_fetches_total",
         "result",
         &["ok", "failed"],
@@ -151,6 +156,8 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
             "payrail_breaker_rejections_total",
             "orders_pending",
             "cleanup_rows_deleted_total",
+            "retention_holds_deleted_total",
+            "retention_order_events_deleted_total",
             r#"db_pool_connections{state="waiting"}"#,
             "idempotency_wait_duration_seconds_count",
             "payrail_attempt_duration_seconds_count",

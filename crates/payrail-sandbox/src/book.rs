@@ -99,6 +99,8 @@ pub(crate) enum Decision {
         answer: Answer,
         event: Event,
         delay: Duration,
+        /// The event waits for the answer's `delay` too.
+        event_late: bool,
         drop: bool,
     },
 }
@@ -149,7 +151,7 @@ impl Book {
         }
         let drop = self.rng.chance(self.faults.drop_after_charge_rate);
         let delay = match card {
-            Card::Slow => Duration::from_millis(self.faults.slow_ms),
+            Card::Slow | Card::Late => Duration::from_millis(self.faults.slow_ms),
             _ => Duration::ZERO,
         };
         let (answer, event) = self.charge(key, request, card);
@@ -157,6 +159,7 @@ impl Book {
             answer,
             event,
             delay,
+            event_late: card == Card::Late,
             drop,
         }
     }

@@ -4,7 +4,7 @@
 //! It keeps the one promise the checkout builds on: a repeated
 //! `Idempotency-Key` with the same body gets the first answer again, byte for
 //! byte, and concurrent repeats charge once. Test cards (`pm_card_declined`,
-//! `pm_card_slow`, `pm_card_error`) and global faults (latency, errors,
+//! `pm_card_slow`, `pm_card_late`, `pm_card_error`) and global faults (latency, errors,
 //! answers lost after the charge) let tests provoke the failures a real
 //! provider shows, and the ledger (`GET /v1/sandbox/charges`) records every
 //! charge decided, as the truth the service is checked against.
@@ -200,12 +200,19 @@ async fn answer_charge(
             answer,
             event,
             delay,
+            event_late,
             drop,
         } => {
             // The event leaves as soon as the charge is made, whatever
-            // becomes of the answer (held back by a slow card, or lost).
-            webhook::deliver(state, event);
-            tokio::time::sleep(delay).await;
+            // becomes of the answer (held back by a slow card, or lost);
+            // a late card's waits with its answer.
+            if event_late {
+                tokio::time::sleep(delay).await;
+                webhook::deliver(state, event);
+            } else {
+                webhook::deliver(state, event);
+                tokio::time::sleep(delay).await;
+            }
             if drop {
                 tracing::warn!(
                     idempotency_key = %key,

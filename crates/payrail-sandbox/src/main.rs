@@ -20,7 +20,8 @@ use payrail_sandbox::{Sandbox, Webhook};
 /// Endpoints: POST /v1/charges and POST /v1/charges/cancel (bearer API key
 /// and Idempotency-Key required), GET|POST /v1/sandbox/faults, GET|DELETE
 /// /v1/sandbox/charges, GET /v1/sandbox/events, GET /healthz.
-/// Test cards: pm_card_declined, pm_card_slow, pm_card_error; any other pm_…
+/// Test cards: pm_card_declined, pm_card_slow (answered late), pm_card_late
+/// (answered and its event sent late), pm_card_error; any other pm_…
 /// succeeds.
 #[derive(Debug, Parser)]
 #[command(name = "payrail-sandbox", version)]

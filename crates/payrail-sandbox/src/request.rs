@@ -39,7 +39,11 @@ impl ChargeRequest {
 pub(crate) enum Card {
     Succeeds,
     Declines,
+    /// Charged at once, answered after `slow_ms`; its event leaves at once.
     Slow,
+    /// Charged at once; its answer and its event both after `slow_ms`: a
+    /// Payrail that is late with everything.
+    Late,
     Errors,
 }
 
@@ -48,6 +52,7 @@ impl Card {
         match payment_method {
             "pm_card_declined" => Card::Declines,
             "pm_card_slow" => Card::Slow,
+            "pm_card_late" => Card::Late,
             "pm_card_error" => Card::Errors,
             _ => Card::Succeeds,
         }

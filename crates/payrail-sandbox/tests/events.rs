@@ -337,6 +337,40 @@ async fn a_slow_card_sends_its_event_while_its_answer_is_held_back() {
 }
 
 #[tokio::test]
+async fn a_late_card_sends_its_event_with_its_answer_and_answers_a_repeat_at_once() {
+    let app = setup(0).await;
+    app.set_faults(json!({"slow_ms": 1500})).await;
+    let started = Instant::now();
+    let charge = |http: reqwest::Client, url: String| async move {
+        http.post(url)
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", "k-late")
+            .json(&json!({"amount_cents": 100, "currency": "EUR",
+                "payment_method": "pm_card_late", "reference": "r"}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    let answer = tokio::spawn(charge(app.http.clone(), app.url("/v1/charges")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The charge is made: a repeat of its key gets it at once.
+    let repeat = charge(app.http.clone(), app.url("/v1/charges")).await;
+    assert_eq!(repeat, StatusCode::CREATED);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_200),
+        "the repeat waits for nothing"
+    );
+    let received = app.received(1).await;
+    assert!(
+        received[0].2 - started >= Duration::from_millis(1_500),
+        "the event waits with the answer"
+    );
+    assert_eq!(answer.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(app.get("/v1/sandbox/charges").await.len(), 1, "one charge");
+}
+
+#[tokio::test]
 async fn a_cancel_before_any_charge_voids_the_key() {
     let app = setup(0).await;
     assert_eq!(

@@ -221,7 +221,7 @@ pub struct Page {
 
 /// Up to `limit` of a buyer's orders, newest first, after `after` (from
 /// the newest when `None`), through the index on (user_id, created_at,
-/// order_id) of migrations/V12: a page reads its own rows and one more,
+/// order_id) of migrations/V14: a page reads its own rows and one more,
 /// which says whether another page follows.
 pub async fn list(
     client: &impl GenericClient,

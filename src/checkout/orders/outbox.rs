@@ -10,8 +10,8 @@
 //! one [`Order`] type). Every delivery of an event is the same bytes.
 //!
 //! Every statement names the buyer and the order, so on Citus each goes to
-//! the buyer's shard; only the read of due events and the backlog's count
-//! span shards, as reconciliation's read does.
+//! the buyer's shard; only the read of due events, the backlog's count and
+//! the retention's deletion span shards, as reconciliation's read does.
 
 use std::time::{Duration, SystemTime};
 
@@ -383,4 +383,39 @@ pub async fn resend(
         .await?;
     client.execute(&statement, &[&user_id, &order_id]).await?;
     Ok(())
+}
+
+/// Deletes about `batch` events delivered before `before`, oldest first
+/// (more only where many were delivered at the same microsecond); returns
+/// how many went. Events not delivered yet, or given up, stay: they are
+/// still the shop's to receive (`outcomes resend`).
+///
+/// Two statements, each a range of the index of delivered events
+/// (migrations/V12): the delivery time of the batch's last event, then the
+/// deletion up to it. The deletion names no row and reads no other table,
+/// so on Citus each shard runs it through its own index.
+pub async fn delete_delivered(
+    client: &impl GenericClient,
+    before: SystemTime,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let last = client
+        .prepare_cached(
+            "SELECT max(delivered_at) FROM (SELECT delivered_at FROM order_events
+                                            WHERE delivered_at < $1
+                                            ORDER BY delivered_at
+                                            LIMIT $2) AS batch",
+        )
+        .await?;
+    let last: Option<SystemTime> = client
+        .query_one(&last, &[&before, &batch])
+        .await?
+        .try_get(0)?;
+    let Some(last) = last else {
+        return Ok(0);
+    };
+    let statement = client
+        .prepare_cached("DELETE FROM order_events WHERE delivered_at <= $2 AND delivered_at < $1")
+        .await?;
+    Ok(client.execute(&statement, &[&before, &last]).await?)
 }
