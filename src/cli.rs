@@ -1,6 +1,7 @@
 //! The command line: `serve` (the default) and the admin commands.
 
 mod keys;
+mod orders;
 mod outcomes;
 
 use std::process::ExitCode;
@@ -68,6 +69,14 @@ enum Command {
         #[command(subcommand)]
         command: keys::KeysCommand,
     },
+    /// Show an order from its id alone (its payment, its click's key, its
+    /// event), or list a buyer's orders: was the buyer charged?
+    ///
+    /// Exit status: 0 found or listed, 1 no such order, 3 failed.
+    Orders {
+        #[command(subcommand)]
+        command: orders::OrdersCommand,
+    },
     /// Show an order's event for the shop, or send it again.
     ///
     /// Exit status: 0 found or done, 1 the order has no event, 3 failed.
@@ -78,11 +87,14 @@ enum Command {
 }
 
 impl Cli {
-    /// The exit status of a command that failed: 3 for `keys` and
-    /// `outcomes`, whose 1 means "no such key" or "no such event", else 1.
+    /// The exit status of a command that failed: 3 for `keys`, `orders`
+    /// and `outcomes`, whose 1 means "no such key", "no such order" or "no
+    /// such event", else 1.
     pub fn failure(&self) -> ExitCode {
         match self.command {
-            Some(Command::Keys { .. } | Command::Outcomes { .. }) => ExitCode::from(keys::FAILED),
+            Some(Command::Keys { .. } | Command::Orders { .. } | Command::Outcomes { .. }) => {
+                ExitCode::from(keys::FAILED)
+            }
             _ => ExitCode::FAILURE,
         }
     }
@@ -144,6 +156,7 @@ async fn run_command(cli: Cli, settings: Settings) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Keys { command } => return keys::run(command, &settings).await,
+        Command::Orders { command } => return orders::run(command, &settings).await,
         Command::Outcomes { command } => return outcomes::run(command, &settings).await,
     }
     Ok(ExitCode::SUCCESS)

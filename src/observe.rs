@@ -9,13 +9,18 @@
 //! with known labels are registered then, at zero: alerts and `rate()` need a
 //! series before its first event. The series registered and the series
 //! counted come from the same declaration, so the two cannot drift apart.
+//! A [`GaugeSet`] is the exception: its series (one per event on sale) are
+//! replaced whole at each refresh, and rendered here.
 //! This module names none of those modules; it counts only what has no
 //! module of ours to own it: the engine's hooks, the HTTP requests (whose
 //! labels are open-ended, routes times statuses, so they appear at first
-//! use) and the database pool.
+//! use), the database pool, the build and the process (`process`).
 
+mod process;
+
+use std::fmt::Write as _;
 use std::marker::PhantomData;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -108,6 +113,10 @@ impl<A: Label, B: Label> Labels for (A, B) {
 /// series without changing it).
 pub trait Metric: Sync {
     fn register(&self);
+
+    /// What `/metrics` shows of it besides the recorder's text: only a
+    /// [`GaugeSet`] has any.
+    fn render(&self, _page: &mut String) {}
 }
 
 /// A counter whose series are one per combination of `L`'s values.
@@ -208,16 +217,86 @@ impl Metric for Histogram {
     }
 }
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// A gauge whose series are replaced together at each refresh: a series
+/// left out of the last one is gone from the page. The recorder keeps
+/// every series it was ever given, which would keep, say, every event
+/// that was ever on sale; this one is rendered here from its last refresh,
+/// and stays as bounded as what it is refreshed with.
+pub struct GaugeSet {
+    name: &'static str,
+    help: &'static str,
+    /// Each series' labels, as the page writes them, and its value.
+    series: Mutex<Vec<(String, f64)>>,
+}
 
-/// Latency buckets, in seconds: 1 ms to 10 s.
-const BUCKETS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
+impl GaugeSet {
+    pub const fn new(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            series: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every series from now on: each one's labels (name, value) and value.
+    pub fn replace<'a>(&self, series: impl IntoIterator<Item = (Vec<(&'a str, &'a str)>, f64)>) {
+        let series = series
+            .into_iter()
+            .map(|(labels, value)| {
+                let labels: Vec<String> = labels
+                    .iter()
+                    .map(|(name, value)| format!("{name}=\"{}\"", escaped(value)))
+                    .collect();
+                (labels.join(","), value)
+            })
+            .collect();
+        if let Ok(mut current) = self.series.lock() {
+            *current = series;
+        }
+    }
+}
+
+/// A label value as the text format writes it: `\`, `"` and line breaks escaped.
+fn escaped(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metric for GaugeSet {
+    fn register(&self) {}
+
+    fn render(&self, page: &mut String) {
+        let Ok(series) = self.series.lock() else {
+            return;
+        };
+        if series.is_empty() {
+            return;
+        }
+        let (name, help) = (self.name, self.help);
+        let _ = write!(page, "# HELP {name} {help}\n# TYPE {name} gauge\n");
+        for (labels, value) in series.iter() {
+            let _ = writeln!(page, "{name}{{{labels}}} {value}");
+        }
+        page.push('\n');
+    }
+}
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// Every metric handed to [`install`], for what it renders itself.
+static REPORTED: OnceLock<Vec<&'static dyn Metric>> = OnceLock::new();
+
+/// Latency buckets, in seconds: 1 ms to 10 s. 2 s is the objective of
+/// `POST /orders` (deploy/prometheus/alerts.yml), so it is a bucket.
+const BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 7.5, 10.0,
 ];
 
 /// Installs the recorder (first call only) and registers this module's
 /// metrics and `reported`, each module's, at zero.
-pub fn install(reported: &[&[&dyn Metric]]) -> &'static PrometheusHandle {
+pub fn install(reported: &[&'static [&'static dyn Metric]]) -> &'static PrometheusHandle {
+    REPORTED.get_or_init(|| reported.iter().copied().flatten().copied().collect());
     HANDLE.get_or_init(|| {
         let builder = PrometheusBuilder::new();
         let builder = builder
@@ -226,7 +305,10 @@ pub fn install(reported: &[&[&dyn Metric]]) -> &'static PrometheusHandle {
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_ok() {
-            describe_counter!(HTTP_REQUESTS, "HTTP requests by method, route and status");
+            describe_counter!(
+                HTTP_REQUESTS,
+                "HTTP requests by method, route, status and problem type"
+            );
             describe_histogram!(
                 HTTP_REQUEST_DURATION,
                 "HTTP request latency by method and route"
@@ -234,6 +316,12 @@ pub fn install(reported: &[&[&dyn Metric]]) -> &'static PrometheusHandle {
             for metric in OWN.iter().chain(reported.iter().copied().flatten()) {
                 metric.register();
             }
+            describe_gauge!(
+                BUILD_INFO,
+                "1, labelled with the version of the running build"
+            );
+            gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            process::describe();
         }
         handle
     })
@@ -241,16 +329,23 @@ pub fn install(reported: &[&[&dyn Metric]]) -> &'static PrometheusHandle {
 
 /// The current figures, as Prometheus text; empty before [`install`].
 pub fn render() -> String {
-    HANDLE
+    let mut page = HANDLE
         .get()
         .map(PrometheusHandle::render)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    for metric in REPORTED.get().into_iter().flatten() {
+        metric.render(&mut page);
+    }
+    page
 }
 
+const BUILD_INFO: &str = "build_info";
 const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
 
-pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
+/// One request: its method, route template, status, problem slug (`none`
+/// for an answer that is not a problem) and latency.
+pub fn http_request(method: &str, route: &str, status: u16, problem: &'static str, seconds: f64) {
     // Anyone can send a made-up method: only the standard ones get a label
     // of their own, so clients cannot grow the series without bound.
     let method = match method {
@@ -260,8 +355,9 @@ pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
         _ => "other",
     };
     let (method, route) = (method.to_owned(), route.to_owned());
-    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
-        .increment(1);
+    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(),
+             "status" => status.to_string(), "problem" => problem)
+    .increment(1);
     histogram!(HTTP_REQUEST_DURATION, "method" => method, "route" => route).record(seconds);
 }
 
@@ -364,6 +460,12 @@ const DB_POOL_CONNECTIONS: Gauge<PoolState> = Gauge::new(
     "db_pool_connections",
     "Database pool connections by state, at scrape time",
 );
+
+/// The process's CPU time, memory, descriptors and threads, read now (at
+/// scrape time).
+pub fn process() {
+    process::sample();
+}
 
 pub fn pool(status: deadpool_postgres::Status) {
     for state in PoolState::ALL {

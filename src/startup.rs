@@ -18,13 +18,13 @@ use idempotency::{AnswerCache, Engine, Gate, Policy};
 use secrecy::ExposeSecret;
 
 use crate::auth::{self, KeySource, Provider, Verifier};
-use crate::checkout::holds::HoldPolicy;
+use crate::checkout::holds::{self, HoldPolicy};
 use crate::checkout::orders::{self, Orders};
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::payrail_events::{self, PayrailEvents};
 use crate::http::{self, AppState};
-use crate::jobs::{cleanup, outcomes, reconcile, retention, Jobs};
+use crate::jobs::{cleanup, outcomes, reconcile, retention, sale, Jobs};
 use crate::payrail;
 use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
@@ -54,6 +54,9 @@ impl Application {
             reconcile::METRICS,
             outcomes::METRICS,
             retention::METRICS,
+            sale::METRICS,
+            holds::METRICS,
+            orders::METRICS,
             payrail::METRICS,
             payrail_events::METRICS,
         ]);

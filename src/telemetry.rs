@@ -1,6 +1,8 @@
 //! Logging and tracing: a tracing subscriber (JSON in production, human
 //! text elsewhere), a root span per request carrying its id, trace id,
-//! method, path, status and latency, and W3C Trace Context: a request's
+//! method, path, status and latency (the line that ends it also names the
+//! buyer, the order and the problem type, when the handlers know them), and
+//! W3C Trace Context: a request's
 //! `traceparent` / `tracestate` make its span a child of the caller's (else
 //! it starts a trace), and calls out (Payrail) carry the current span as
 //! their parent ([`trace_headers`]). With `telemetry.otlp_endpoint` set, the
@@ -13,6 +15,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use actix_web::HttpMessage;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
@@ -114,6 +117,27 @@ impl Extractor for RequestHeaders<'_> {
     }
 }
 
+/// The buyer a request was authenticated as, kept in its extensions for
+/// its log line (`user_id`).
+#[derive(Debug, Clone)]
+pub struct Caller(pub String);
+
+/// The order a request made or read, kept in its extensions for its log
+/// line (`order_id`).
+#[derive(Debug, Clone, Copy)]
+pub struct OrderOf(pub Uuid);
+
+/// The slug of a problem answer, kept in the response's extensions for the
+/// request's log line and the request counter (`problem`). A slug of the
+/// catalogue, so the counter's series stay bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct ProblemSlug(pub &'static str);
+
+/// Marks the order `req` made or read, for its log line.
+pub fn note_order(req: &actix_web::HttpRequest, order_id: Uuid) {
+    req.extensions_mut().insert(OrderOf(order_id));
+}
+
 /// Middleware: one span per request and one line when it ends. A sane
 /// incoming `X-Request-Id` is kept, else one is made; either way it is
 /// echoed. A valid `traceparent` makes the span its child.
@@ -148,17 +172,44 @@ pub async fn log_request(
     let elapsed = started.elapsed().as_secs_f64();
     let latency_ms = elapsed * 1000.0;
     let route = response.request().match_pattern();
+    let problem = response
+        .response()
+        .extensions()
+        .get::<ProblemSlug>()
+        .map(|p| p.0);
+    let (user_id, order_id) = {
+        let extensions = response.request().extensions();
+        let user_id = extensions.get::<Caller>().map(|caller| caller.0.clone());
+        (user_id, extensions.get::<OrderOf>().map(|order| order.0))
+    };
     crate::observe::http_request(
         response.request().method().as_str(),
         route.as_deref().unwrap_or("unmatched"),
         status,
+        problem.unwrap_or("none"),
         elapsed,
     );
+    let user_id = user_id.as_deref();
+    let order_id = order_id.map(tracing::field::display);
     span.in_scope(|| {
         if status >= 500 {
-            tracing::warn!(status, latency_ms, "request finished");
+            tracing::warn!(
+                status,
+                latency_ms,
+                user_id,
+                order_id,
+                problem,
+                "request finished"
+            );
         } else {
-            tracing::info!(status, latency_ms, "request finished");
+            tracing::info!(
+                status,
+                latency_ms,
+                user_id,
+                order_id,
+                problem,
+                "request finished"
+            );
         }
     });
     if let Ok(value) = HeaderValue::from_str(&request_id) {

@@ -14,6 +14,7 @@ use tokio_postgres::error::SqlState;
 use super::CheckoutError;
 use crate::config::HoldSettings;
 use crate::db::DbError;
+use crate::observe::{labels, Counter, Metric};
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Hold {
@@ -141,11 +142,66 @@ pub async fn release(
 ) -> Result<bool, CheckoutError> {
     let statement = client
         .prepare_cached(
-            "DELETE FROM holds WHERE hold_id = $1 AND user_id = $2 AND order_id IS NULL",
+            "DELETE FROM holds WHERE hold_id = $1 AND user_id = $2 AND order_id IS NULL
+             RETURNING expires_at > now() AS live",
         )
         .await?;
-    let deleted = client.execute(&statement, &[&hold_id, &buyer]).await?;
-    Ok(deleted == 1)
+    let Some(row) = client.query_opt(&statement, &[&hold_id, &buyer]).await? else {
+        return Ok(false);
+    };
+    // A hold that had expired already ended then, and was counted so.
+    if row.try_get("live")? {
+        ended(HowEnded::Released, 1);
+    }
+    Ok(true)
+}
+
+/// How many holds that no order took expired in [`from`, `to`): holds
+/// ended by their expiry. A hold's expiry is fixed when it is made, always
+/// after that moment, so once `to` has passed the count of a span never
+/// changes (but for a hold given back by an order declined after its
+/// expiry, which ended in that order). Through the index of unordered
+/// holds by expiry (migrations/V12), a window reads its own holds.
+pub async fn expired_between(
+    client: &impl GenericClient,
+    from: SystemTime,
+    to: SystemTime,
+) -> Result<i64, DbError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT count(*) FROM holds
+             WHERE order_id IS NULL AND expires_at >= $1 AND expires_at < $2",
+        )
+        .await?;
+    Ok(client
+        .query_one(&statement, &[&from, &to])
+        .await?
+        .try_get(0)?)
+}
+
+labels! {
+    /// How a hold ended.
+    #[label = "how"]
+    pub enum HowEnded {
+        /// Sold: its order was paid.
+        Ordered = "ordered",
+        /// Its time ran out with no order (`jobs::sale` counts them).
+        Expired = "expired",
+        /// Its buyer gave it back (`DELETE /holds/{hold_id}`) while it lived.
+        Released = "released",
+    }
+}
+
+const HOLDS_ENDED: Counter<HowEnded> = Counter::new(
+    "holds_ended_total",
+    "Holds ended, each once, by how: ordered (paid), expired, released",
+);
+/// What the holds report, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&HOLDS_ENDED];
+
+/// Counts `count` holds that ended `how`.
+pub fn ended(how: HowEnded, count: usize) {
+    HOLDS_ENDED.of(how).increment(count as u64);
 }
 
 /// Deletes at most `batch` holds that expired before `before` and that no

@@ -206,3 +206,60 @@ mod tests {
         assert_eq!(label(27 * 20 + 4), "AB5");
     }
 }
+
+/// An event's seats by status, as its seat map would show them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeatCounts {
+    pub event_id: String,
+    pub available: i64,
+    pub held: i64,
+    pub sold: i64,
+}
+
+impl SeatCounts {
+    /// Whether the event has nothing left to sell: every seat sold. A sold
+    /// seat stays sold, so such an event's counts no longer change.
+    pub fn sold_out(&self) -> bool {
+        self.available == 0 && self.held == 0
+    }
+}
+
+/// Every event's id.
+pub async fn event_ids(client: &impl GenericClient) -> Result<Vec<String>, DbError> {
+    let statement = client
+        .prepare_cached("SELECT event_id FROM events ORDER BY event_id")
+        .await?;
+    client
+        .query(&statement, &[])
+        .await?
+        .iter()
+        .map(|row| Ok(row.try_get(0)?))
+        .collect()
+}
+
+/// One event's seats by status: one aggregate over its seats (their
+/// `(event_id, label)` index), each seat's live or ordered hold found by
+/// the seat (at most one, as the exclusion constraint keeps it), the way
+/// the seat map finds it; never a read of every hold.
+pub async fn counts(client: &impl GenericClient, event_id: &str) -> Result<SeatCounts, DbError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT count(*) FILTER (WHERE h.seat_id IS NULL) AS available,
+                    count(*) FILTER (WHERE h.seat_id IS NOT NULL AND NOT h.sold) AS held,
+                    count(*) FILTER (WHERE h.sold) AS sold
+             FROM seats s
+             LEFT JOIN LATERAL (SELECT seat_id, sold FROM holds
+                                WHERE holds.seat_id = s.seat_id
+                                  AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
+                                LIMIT 1) h ON true
+             WHERE s.event_id = $1",
+        )
+        .await?;
+    let row = client.query_one(&statement, &[&event_id]).await?;
+    Ok(SeatCounts {
+        event_id: event_id.to_owned(),
+        available: row.try_get("available")?,
+        held: row.try_get("held")?,
+        sold: row.try_get("sold")?,
+    })
+}

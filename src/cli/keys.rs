@@ -77,22 +77,48 @@ fn parse_key(raw: &str) -> Result<IdempotencyKey, KeyError> {
     IdempotencyKey::parse(raw.as_bytes())
 }
 
+impl Click {
+    pub(super) fn new(user: BuyerId, key: IdempotencyKey) -> Self {
+        Self { user, key }
+    }
+}
+
+/// The key policy the service runs with: its TTL and lease decide which
+/// keys are expired.
+pub(super) fn policy(settings: &Settings) -> Policy {
+    Policy {
+        ttl: settings.idempotency.ttl(),
+        lease: settings.idempotency.lease(),
+    }
+}
+
+/// What `keys show` prints of one click, and whether its key was found.
+pub(super) async fn show(
+    client: &impl GenericClient,
+    policy: Policy,
+    click: &Click,
+    with_body: bool,
+) -> anyhow::Result<(bool, Document)> {
+    let report = inspect::inspect(client, policy, click.user.as_str(), &click.key).await?;
+    let document = Document::of(client, click, report.as_ref(), with_body).await?;
+    Ok((report.is_some(), document))
+}
+
 /// Runs one `keys` command with the service's settings (its TTL and lease
 /// decide what is expired) and says how it ended.
 pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::pool(&settings.database)?;
     let mut client = pool.get().await.context("connecting to the database")?;
-    let policy = Policy {
-        ttl: settings.idempotency.ttl(),
-        lease: settings.idempotency.lease(),
-    };
+    let policy = policy(settings);
     let status = match command {
         KeysCommand::Show { click, body } => {
-            let (user, key) = (click.user.as_str(), &click.key);
-            let report = inspect::inspect(&client, policy, user, key).await?;
-            let status = if report.is_some() { FOUND } else { NOT_FOUND };
-            print(&Document::of(&client, &click, report.as_ref(), body).await?)?;
-            status
+            let (found, document) = show(&client, policy, &click, body).await?;
+            print(&document)?;
+            if found {
+                FOUND
+            } else {
+                NOT_FOUND
+            }
         }
         KeysCommand::Purge { click } => {
             let (user, key) = (click.user.as_str(), &click.key);
@@ -162,9 +188,9 @@ fn why(refusal: PurgeRefusal, document: &Document) -> String {
     }
 }
 
-/// What a click's key says, for `show` and `purge`.
+/// What a click's key says, for `show` and `purge` (and `orders show`).
 #[derive(Debug, Serialize)]
-struct Document {
+pub(super) struct Document {
     user_id: String,
     key: String,
     /// `absent`, `in_progress`, `answered` or `expired`.

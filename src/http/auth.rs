@@ -3,12 +3,13 @@
 //! keys were never fetched).
 
 use actix_web::http::header;
-use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use actix_web::{dev::Payload, web, FromRequest, HttpMessage, HttpRequest};
 use futures_util::future::LocalBoxFuture;
 
 use super::problem::Problem;
 use super::AppState;
 use crate::auth::BuyerId;
+use crate::telemetry::Caller;
 
 /// The authenticated buyer of a request.
 pub struct Buyer(pub BuyerId);
@@ -20,11 +21,16 @@ impl FromRequest for Buyer {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>().cloned();
         let token = bearer_token(req).map(str::to_owned);
+        let req = req.clone();
         Box::pin(async move {
             let state = state.ok_or_else(|| {
                 Problem::Internal(anyhow::anyhow!("application state is missing"))
             })?;
-            Ok(Buyer(state.verifier.verify(&token?).await?))
+            let buyer = state.verifier.verify(&token?).await?;
+            // The request's log line names its buyer.
+            let caller = Caller(buyer.as_str().to_owned());
+            req.extensions_mut().insert(caller);
+            Ok(Buyer(buyer))
         })
     }
 }

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse};
-use idempotency::{actix, Claim, Done, IdempotencyKey, Opening, WaitOutcome};
+use idempotency::{actix, Claim, Done, IdempotencyKey, Opening, Reply, WaitOutcome};
 
-use super::problem::Problem;
+use super::problem::{self, Problem};
 use super::AppState;
 use crate::auth::BuyerId;
 use crate::checkout::CheckoutError;
+use crate::telemetry::{self, ProblemSlug};
 
 /// The `Idempotency-Key` header: `None` when absent, 400 when malformed or
 /// repeated. Read before anything is stored.
@@ -53,7 +54,18 @@ where
     let applied = ran
         .waited
         .is_some_and(|(outcome, _)| outcome != WaitOutcome::TimedOut);
+    let told = match &ran.reply {
+        Reply::First(answer) | Reply::Replay(answer) => problem::told(answer),
+        _ => None,
+    };
     let mut response = actix::respond(ran.reply)?;
+    if let Some(told) = told {
+        // A stored problem is no `Problem` here: what it is comes from its body.
+        response.extensions_mut().insert(ProblemSlug(told.slug));
+        if let Some(order_id) = told.order_id {
+            telemetry::note_order(req, order_id);
+        }
+    }
     if let (true, Some(secs)) = (applied, wait) {
         response.headers_mut().insert(
             HeaderName::from_static("preference-applied"),

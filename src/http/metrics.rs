@@ -24,6 +24,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     observe::pool(state.pool.status());
+    observe::process();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(observe::render())

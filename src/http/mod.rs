@@ -6,6 +6,7 @@ mod body;
 mod client;
 mod conditional;
 pub mod cors;
+mod cursor;
 mod demo;
 mod health;
 mod holds;
@@ -18,6 +19,7 @@ pub mod problem;
 mod seats;
 pub mod watch;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::body::MessageBody;
@@ -93,7 +95,10 @@ fn api(cfg: &mut ServiceConfig, with_metrics: bool) {
         .service(Endpoint(seats::seat_map, answers::BUYERS_OWN))
         .service(Endpoint(holds::create, answers::HOLD_SEAT))
         .service(Endpoint(holds::release, answers::BUYERS_OWN))
-        .service(Endpoint(orders::create, answers::PLACE_ORDER))
+        .service(OnePath(
+            Endpoint(orders::list, answers::LIST_ORDERS),
+            Endpoint(orders::create, answers::PLACE_ORDER),
+        ))
         .service(Endpoint(orders::show, answers::BUYERS_OWN))
         .service(Endpoint(payrail_events::receive, answers::PAYRAIL_EVENT));
 }
@@ -103,17 +108,70 @@ fn api(cfg: &mut ServiceConfig, with_metrics: bool) {
 /// answers, which the document lists as its error responses.
 struct Endpoint<S>(S, &'static [Kind]);
 
-impl<S: HttpServiceFactory + OpenApiFactory> HttpServiceFactory for Endpoint<S> {
-    fn register(self, config: &mut AppService) {
+impl<S: HttpServiceFactory + OpenApiFactory> Endpoint<S> {
+    /// Registers the handler alone; the methods it takes, by path.
+    fn register_handler(self, config: &mut AppService) -> Vec<(String, Vec<Method>)> {
         let Endpoint(handler, _) = self;
         let paths = handler.paths();
         handler.register(config);
-        // After the handler's own resource, so that only the methods it does
-        // not take reach this one.
-        for (path, mut item) in paths.paths {
-            let methods: Vec<Method> = operations(&mut item).map(|(method, _)| method).collect();
-            allowing(web::resource(path), &methods).register(config);
-        }
+        paths
+            .paths
+            .into_iter()
+            .map(|(path, mut item)| {
+                let methods = operations(&mut item).map(|(method, _)| method).collect();
+                (path, methods)
+            })
+            .collect()
+    }
+}
+
+impl<S: HttpServiceFactory + OpenApiFactory> HttpServiceFactory for Endpoint<S> {
+    fn register(self, config: &mut AppService) {
+        let methods = self.register_handler(config);
+        refuse_other_methods(config, methods);
+    }
+}
+
+/// Two operations of one path (`GET` and `POST /orders`): both handlers,
+/// then one 405 for the methods neither takes. Registered apart, the first
+/// one's 405 would answer the second one's requests.
+struct OnePath<A, B>(Endpoint<A>, Endpoint<B>);
+
+impl<A, B> HttpServiceFactory for OnePath<A, B>
+where
+    A: HttpServiceFactory + OpenApiFactory,
+    B: HttpServiceFactory + OpenApiFactory,
+{
+    fn register(self, config: &mut AppService) {
+        let OnePath(first, second) = self;
+        let mut methods = first.register_handler(config);
+        methods.extend(second.register_handler(config));
+        refuse_other_methods(config, methods);
+    }
+}
+
+impl<A: OpenApiFactory, B: OpenApiFactory> OpenApiFactory for OnePath<A, B> {
+    fn paths(&self) -> Paths {
+        let mut paths = self.0.paths();
+        paths.merge(self.1.paths());
+        paths
+    }
+
+    fn schemas(&self, schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        self.0.schemas(schemas);
+        self.1.schemas(schemas);
+    }
+}
+
+/// After the handlers' own resources, so that only the methods they do not
+/// take reach these: 405 with `Allow`, one resource per path.
+fn refuse_other_methods(config: &mut AppService, methods: Vec<(String, Vec<Method>)>) {
+    let mut by_path: BTreeMap<String, Vec<Method>> = BTreeMap::new();
+    for (path, taken) in methods {
+        by_path.entry(path).or_default().extend(taken);
+    }
+    for (path, methods) in by_path {
+        allowing(web::resource(path), &methods).register(config);
     }
 }
 

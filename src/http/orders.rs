@@ -1,11 +1,18 @@
+use actix_web::http::header;
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use idempotency::StoredResponse;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::problem::Problem;
-use super::{body, idempotent, AppState, Buyer};
+use super::{body, cursor, idempotent, AppState, Buyer};
 use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
+use crate::telemetry;
+
+/// `GET /orders` without `limit`.
+const PAGE: u8 = 20;
+/// The largest `limit`.
+const MAX_PAGE: u8 = 100;
 
 /// The body of `POST /orders`, as parsed before the key is touched; what it
 /// asks for is checked once the key is claimed (an `invalid-order` answer is
@@ -72,7 +79,7 @@ pub async fn create(
     let click = NewOrder::parse(hold_ids, &payment_method).map(Click::new);
     let click = click.as_ref().map_err(|refusal| *refusal);
     let opening = click.ok().and_then(|click| orders.opening(click));
-    idempotent::run(
+    let answered = idempotent::run(
         &state,
         &buyer.0,
         key,
@@ -80,7 +87,24 @@ pub async fn create(
         opening,
         |claim| async move { orders.place(&claim, click?).await },
     )
-    .await
+    .await;
+    // The click's order, for the request's log line: the 201's `Location`,
+    // or a 409's while it waits for Payrail (a 402 names it in its body,
+    // which `idempotent` reads).
+    let made = match &answered {
+        Ok(response) => response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|location| location.to_str().ok())
+            .and_then(|location| location.strip_prefix("/orders/"))
+            .and_then(|order_id| Uuid::parse_str(order_id).ok()),
+        Err(Problem::RequestInProgress { order_id }) => *order_id,
+        Err(_) => None,
+    };
+    if let Some(order_id) = made {
+        telemetry::note_order(&req, order_id);
+    }
+    answered
 }
 
 /// How an order is answered to the click that made it, once it has an
@@ -119,6 +143,7 @@ pub fn answer(order: &Order) -> StoredResponse {
 pub async fn show(
     state: web::Data<AppState>,
     buyer: Buyer,
+    req: HttpRequest,
     order_id: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
     let not_found = || Problem::NotFound("there is no such order of yours");
@@ -128,5 +153,74 @@ pub async fn show(
         .find(buyer.0.as_str(), order_id)
         .await?
         .ok_or_else(not_found)?;
+    telemetry::note_order(&req, order_id);
     Ok(HttpResponse::Ok().json(order))
+}
+
+/// The query of `GET /orders`, as sent: each value is checked here, so that
+/// a bad one is a 400 that says which.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+/// A page of the buyer's orders.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OrderList {
+    /// Newest first, each as `GET /orders/{order_id}` shows it.
+    pub orders: Vec<Order>,
+    /// The `after` of the next page; null on the last one.
+    #[schema(required = true)]
+    pub next: Option<String>,
+}
+
+/// The caller's orders, newest first.
+#[utoipa::path(
+    operation_id = "list_orders",
+    tag = "orders",
+    summary = "The buyer's orders, newest first",
+    description = "The caller's own orders (never another buyer's), newest first, each as \
+        `GET /orders/{order_id}` shows it, a page at a time: `next` is the `after` of the next \
+        page, null on the last. An order made while the pages are read is on none of the pages \
+        after it, and no order is on two pages. A bad `limit` or an `after` that is not a \
+        `next` of the caller's is 400 `invalid-request`.",
+    params(
+        ("limit" = Option<u8>, Query, minimum = 1, maximum = 100, example = 20,
+            description = "Orders per page, 1-100; 20 when absent"),
+        ("after" = Option<String>, Query, max_length = 64,
+            description = "The `next` of the page before, as it came"),
+    ),
+    security(("bearer" = [])),
+    responses((status = 200, description = "A page of the buyer's orders", body = OrderList))
+)]
+#[get("/orders")]
+pub async fn list(
+    state: web::Data<AppState>,
+    buyer: Buyer,
+    req: HttpRequest,
+) -> Result<HttpResponse, Problem> {
+    let bad = |why: &str| Problem::InvalidRequest(why.to_owned());
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|error| Problem::InvalidRequest(error.to_string()))?;
+    let limit = match &query.limit {
+        None => PAGE,
+        Some(limit) => limit
+            .parse::<u8>()
+            .ok()
+            .filter(|limit| (1..=MAX_PAGE).contains(limit))
+            .ok_or_else(|| bad("`limit` must be a whole number from 1 to 100"))?,
+    };
+    let buyer = buyer.0.as_str();
+    let after = query
+        .after
+        .as_deref()
+        .map(|after| cursor::decode(buyer, after))
+        .transpose()
+        .map_err(|error| bad(&error.to_string()))?;
+    let page = state.orders.list(buyer, after, limit).await?;
+    Ok(HttpResponse::Ok().json(OrderList {
+        orders: page.orders,
+        next: page.next.map(|next| cursor::encode(buyer, next)),
+    }))
 }

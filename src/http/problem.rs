@@ -24,6 +24,7 @@ use crate::auth::TokenError;
 use crate::checkout::CheckoutError;
 use crate::db::DbError;
 use crate::payrail::PaymentError;
+use crate::telemetry::ProblemSlug;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://stagedoor.example/problems/";
@@ -231,6 +232,32 @@ impl Entry {
 }
 
 impl Kind {
+    /// Every problem type.
+    const ALL: [Kind; 22] = [
+        Kind::Unauthorized,
+        Kind::NotFound,
+        Kind::MethodNotAllowed,
+        Kind::KeyMissing,
+        Kind::KeyInvalid,
+        Kind::InvalidRequest,
+        Kind::PayloadTooLarge,
+        Kind::RequestTimeout,
+        Kind::KeyReused,
+        Kind::RequestInProgress,
+        Kind::RateLimited,
+        Kind::SeatUnavailable,
+        Kind::HoldLimitReached,
+        Kind::HoldUnavailable,
+        Kind::InvalidOrder,
+        Kind::PaymentDeclined,
+        Kind::PaymentFailed,
+        Kind::WebhookSignatureInvalid,
+        Kind::PaymentTimeout,
+        Kind::PaymentUnavailable,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+
     /// The catalogue of problem types (docs/API.md).
     pub const fn entry(self) -> Entry {
         match self {
@@ -414,6 +441,13 @@ pub mod answers {
     pub const BUYERS_OWN: &[Kind] = &[
         Kind::Unauthorized,
         Kind::NotFound,
+        Kind::ServiceUnavailable,
+        Kind::Internal,
+    ];
+    /// `GET /orders`: a page of the buyer's orders.
+    pub const LIST_ORDERS: &[Kind] = &[
+        Kind::Unauthorized,
+        Kind::InvalidRequest,
         Kind::ServiceUnavailable,
         Kind::Internal,
     ];
@@ -676,8 +710,44 @@ impl ResponseError for Problem {
         {
             builder.insert_header((header::LOCATION, format!("/orders/{order_id}")));
         }
-        builder.body(response.body)
+        let mut answer = builder.body(response.body);
+        answer
+            .extensions_mut()
+            .insert(ProblemSlug(self.kind().entry().slug));
+        answer
     }
+}
+
+/// What a stored answer says of itself when it is a problem: its type's
+/// slug (one of the catalogue's) and the order it names, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Told {
+    pub slug: &'static str,
+    pub order_id: Option<Uuid>,
+}
+
+/// The problem a stored answer is, read back from its body: a replay says
+/// what the first answer said. `None` for an answer that is no problem of
+/// this service's.
+pub fn told(response: &StoredResponse) -> Option<Told> {
+    #[derive(serde::Deserialize)]
+    struct Members {
+        #[serde(rename = "type")]
+        kind: String,
+        order_id: Option<Uuid>,
+    }
+    if response.content_type != CONTENT_TYPE {
+        return None;
+    }
+    let members: Members = serde_json::from_slice(&response.body).ok()?;
+    let slug = members.kind.strip_prefix(TYPE_BASE)?;
+    let kind = Kind::ALL
+        .into_iter()
+        .find(|kind| kind.entry().slug == slug)?;
+    Some(Told {
+        slug: kind.entry().slug,
+        order_id: members.order_id,
+    })
 }
 
 /// The error and its sources, outermost first, for the log.
@@ -773,6 +843,26 @@ mod tests {
             );
             assert_eq!(said, catalogued, "{problem:?}");
         }
+    }
+
+    #[test]
+    fn a_stored_problem_tells_its_slug_and_order() {
+        let order_id = Uuid::new_v4();
+        for problem in [
+            Problem::PaymentDeclined { order_id },
+            Problem::HoldUnavailable,
+            Problem::KeyReused,
+        ] {
+            let told = told(&problem.to_response()).unwrap();
+            assert_eq!(told.slug, problem.kind().entry().slug);
+            let named = matches!(problem, Problem::PaymentDeclined { .. }).then_some(order_id);
+            assert_eq!(told.order_id, named);
+        }
+        let order = StoredResponse::new(201, "application/json", b"{}".to_vec());
+        assert_eq!(told(&order), None);
+        let slugs: std::collections::HashSet<_> =
+            Kind::ALL.iter().map(|kind| kind.entry().slug).collect();
+        assert_eq!(slugs.len(), Kind::ALL.len(), "one slug per type");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! Background tasks of `serve`: expired-key cleanup, pending-order
-//! reconciliation, the delivery of order events to the shop and the
-//! retention of holds and delivered events. Each runs on a tokio interval,
-//! is safe with several instances on one database, and stops when told to.
+//! reconciliation, the delivery of order events to the shop, the retention
+//! of holds and delivered events, and the sale's figures (expired holds,
+//! seats by event). Each runs on a tokio interval, is safe with several
+//! instances on one database, and stops when told to.
 
 pub mod cleanup;
 pub mod outcomes;
 pub mod reconcile;
 pub mod retention;
+pub mod sale;
 
 use std::future::Future;
 use std::time::Duration;
@@ -15,10 +17,14 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::Limit;
+use idempotency::{Limit, Policy};
 
 use crate::checkout::orders::Orders;
 use crate::config::Settings;
+
+/// How often the order events are counted where none is delivered (no
+/// `outcomes.webhook_url`), at most.
+const UNSENT_COUNT_EVERY: Duration = Duration::from_secs(10);
 
 /// The running tasks; `stop` cancels them and waits for them to finish.
 pub struct Jobs {
@@ -38,7 +44,14 @@ impl Jobs {
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
         let retention =
             retention::Retention::new(pool.clone(), &settings.holds, &settings.outcomes);
-        let reconcile = reconcile::Reconcile::new(pool, orders, &settings.reconcile);
+        let reconcile = reconcile::Reconcile::new(pool.clone(), orders, &settings.reconcile);
+        let sale = sale::Sale::new(
+            pool.clone(),
+            Policy {
+                ttl: settings.idempotency.ttl(),
+                lease: settings.idempotency.lease(),
+            },
+        );
         let mut tasks = vec![
             every(
                 settings.idempotency.cleanup_interval(),
@@ -61,6 +74,10 @@ impl Jobs {
                 let reconcile = reconcile.clone();
                 async move { reconcile.run_logged().await }
             }),
+            every(sale::TICK, cancel.clone(), move || {
+                let sale = sale.clone();
+                async move { sale.run_logged().await }
+            }),
             // The limit's buckets of buyers not seen lately are full again:
             // forget them, so that its memory holds only recent buyers.
             every(Duration::from_secs(60), cancel.clone(), move || {
@@ -73,6 +90,16 @@ impl Jobs {
             tasks.push(every(settings.outcomes.poll(), cancel.clone(), move || {
                 let (outcomes, stop) = (outcomes.clone(), stop.clone());
                 async move { outcomes.run_logged(&stop).await }
+            }));
+        } else {
+            // Nothing is delivered, but events are still written: counted,
+            // a forgotten URL is a backlog the alert sees. Not as often as a
+            // delivery looks: nothing drains it, and the alert reads ages of
+            // minutes.
+            let every_so_often = settings.outcomes.poll().max(UNSENT_COUNT_EVERY);
+            tasks.push(every(every_so_often, cancel.clone(), move || {
+                let pool = pool.clone();
+                async move { outcomes::measure_backlog_logged(&pool).await }
             }));
         }
         Self { cancel, tasks }

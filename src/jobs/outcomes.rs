@@ -65,11 +65,12 @@ const GIVEN_UP: Counter = Counter::new(
 );
 const PENDING: Gauge = Gauge::new(
     "order_events_pending",
-    "Order events not delivered yet (nor given up), at this instance's last run",
+    "Order events not delivered yet (nor given up), whether or not a URL is set, at this \
+     instance's last count",
 );
 const OLDEST: Gauge = Gauge::new(
     "order_events_oldest_pending_age_seconds",
-    "Age of the oldest order event not delivered yet, at this instance's last run",
+    "Age of the oldest order event not delivered yet, at this instance's last count",
 );
 const DURATION: Histogram = Histogram::new(
     "order_event_delivery_duration_seconds",
@@ -155,10 +156,7 @@ impl Outcomes {
                 break;
             }
         }
-        let client = self.pool.get().await?;
-        let (pending, oldest) = outbox::backlog(&client).await?;
-        PENDING.get().set(pending as f64);
-        OLDEST.get().set(oldest);
+        measure_backlog(&self.pool).await?;
         Ok(report)
     }
 
@@ -266,6 +264,25 @@ impl Outcomes {
             .send()
             .await?;
         Ok(response.status())
+    }
+}
+
+/// Counts the events not delivered yet (nor given up) into the backlog's
+/// gauges: after each delivery run, and on its own where no
+/// `outcomes.webhook_url` is set, so that a forgotten URL shows as a
+/// backlog that grows rather than as none.
+pub async fn measure_backlog(pool: &Pool) -> Result<(), DbError> {
+    let client = pool.get().await?;
+    let (pending, oldest) = outbox::backlog(&client).await?;
+    PENDING.get().set(pending as f64);
+    OLDEST.get().set(oldest);
+    Ok(())
+}
+
+/// [`measure_backlog`], its failure logged.
+pub async fn measure_backlog_logged(pool: &Pool) {
+    if let Err(error) = measure_backlog(pool).await {
+        tracing::warn!(error = %anyhow::Error::from(error), "the order events' backlog could not be counted");
     }
 }
 

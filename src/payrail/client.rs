@@ -26,8 +26,22 @@ pub struct Charge {
 /// Payrail's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeOutcome {
-    Succeeded { charge_id: String },
-    Declined { charge_id: Option<String> },
+    Succeeded {
+        charge_id: String,
+    },
+    /// `code`: Payrail's `decline_code` (`card_declined`, `insufficient_funds`,
+    /// ...), when it says one.
+    Declined {
+        charge_id: Option<String>,
+        code: Option<String>,
+    },
+}
+
+/// The `Idempotency-Key` of every charge attempt of an order and of its
+/// cancel: the same on every retry, restart and instance, so that Payrail
+/// charges an order at most once. Support asks Payrail by it.
+pub fn charge_key(order_id: Uuid) -> String {
+    format!("order-{order_id}")
 }
 
 /// No decision could be had. The charge may or may not have been made: only
@@ -101,6 +115,7 @@ impl Attempt {
 #[derive(Deserialize)]
 struct ChargeBody {
     id: Option<String>,
+    decline_code: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -183,7 +198,7 @@ impl Client {
         charge: &Charge,
         breaker: Option<(&Breaker, &str)>,
     ) -> Result<ChargeOutcome, PaymentError> {
-        let key = format!("order-{order_id}");
+        let key = charge_key(order_id);
         let body = serde_json::to_vec(charge).map_err(|_| PaymentError::Unavailable {
             retry_after: Duration::from_secs(1),
         })?;
@@ -233,7 +248,7 @@ impl Client {
             .post(&self.cancel_url)
             .timeout(self.timeout)
             .bearer_auth(self.api_key.expose_secret())
-            .header("Idempotency-Key", format!("order-{order_id}"))
+            .header("Idempotency-Key", charge_key(order_id))
             .send()
             .await;
         let unconfirmed = |why: &dyn std::fmt::Display| {
@@ -293,15 +308,14 @@ impl Client {
             Ok(bytes) => bytes,
             Err(e) => return failed(&e),
         };
-        let charge_id = serde_json::from_slice::<ChargeBody>(&bytes)
-            .ok()
-            .and_then(|b| b.id);
+        let body = serde_json::from_slice::<ChargeBody>(&bytes).ok();
+        let (charge_id, code) = body.map_or((None, None), |b| (b.id, b.decline_code));
         match status.as_u16() {
             201 => match charge_id {
                 Some(charge_id) => Attempt::Decided(ChargeOutcome::Succeeded { charge_id }),
                 None => Attempt::Failed { timed_out: false },
             },
-            402 => Attempt::Decided(ChargeOutcome::Declined { charge_id }),
+            402 => Attempt::Decided(ChargeOutcome::Declined { charge_id, code }),
             s if s >= 500 || s == 429 => Attempt::Failed { timed_out: false },
             _ => Attempt::Refused(status),
         }

@@ -10,7 +10,7 @@ mod webhook;
 use crate::observe::Metric;
 
 pub use breaker::Breaker;
-pub use client::{Canceled, Charge, ChargeOutcome, Client, PaymentError};
+pub use client::{charge_key, Canceled, Charge, ChargeOutcome, Client, PaymentError};
 pub use webhook::{Event, EventKind, SignatureError, Verifier};
 
 /// What the client and its breaker report, for the recorder (`observe::install`).

@@ -209,7 +209,7 @@ impl Event {
     pub fn order_id(&self) -> Option<Uuid> {
         let charge = &self.data.charge;
         let order_id = Uuid::parse_str(&charge.reference).ok()?;
-        (charge.idempotency_key == format!("order-{order_id}")).then_some(order_id)
+        (charge.idempotency_key == super::charge_key(order_id)).then_some(order_id)
     }
 
     /// Whether the event's charge is for this amount in this currency.
@@ -224,8 +224,10 @@ impl Event {
         let charge_id = self.data.charge.id.clone();
         match self.kind() {
             EventKind::Succeeded => Some(ChargeOutcome::Succeeded { charge_id }),
+            // An event says no decline code.
             EventKind::Declined => Some(ChargeOutcome::Declined {
                 charge_id: Some(charge_id),
+                code: None,
             }),
             EventKind::Other | EventKind::Unverified => None,
         }

@@ -1,6 +1,7 @@
 //! The command line, run as the real binary.
 
 mod keys;
+mod orders;
 
 use std::process::Output;
 

@@ -162,6 +162,13 @@ impl TestApp {
         }
     }
 
+    /// Stops this in-process instance, its jobs with it: for a test that
+    /// reads the counts of its process instances alone (this one's
+    /// recorder is every in-process instance's).
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+
     /// A second instance on the same database and sandbox.
     pub async fn another_instance(&self) -> TestApp {
         Self::start(self.db.clone(), self.sandbox.clone(), self.settings.clone()).await
@@ -518,13 +525,22 @@ impl TestApp {
     /// [`spawn_process`](Self::spawn_process) with settings of its own
     /// (on this app's database and sandbox).
     pub async fn spawn_process_with(&self, s: &Settings) -> ServiceProcess {
+        self.spawn_process_logging(s, "warn").await
+    }
+
+    /// [`spawn_process_with`](Self::spawn_process_with), logging at `level`
+    /// (`RUST_LOG`): `info` for a test that reads each request's line.
+    pub async fn spawn_process_logging(&self, s: &Settings, level: &str) -> ServiceProcess {
         let port = free_port();
+        let mut env = self.process_env(s, port);
+        env.retain(|(name, _)| *name != "RUST_LOG");
+        env.push(("RUST_LOG", level.into()));
         Service::new(
             env!("CARGO_BIN_EXE_stagedoor-checkout"),
             format!("http://127.0.0.1:{port}"),
         )
         .arg("serve")
-        .envs(self.process_env(s, port))
+        .envs(env)
         .spawn_or_panic(Duration::from_secs(10))
         .await
     }
@@ -559,6 +575,7 @@ impl TestApp {
                 "STAGEDOOR__HOLDS__MAX_PER_BUYER",
                 s.holds.max_per_buyer.to_string(),
             ),
+            ("STAGEDOOR__HOLDS__TTL_SECS", s.holds.ttl_secs.to_string()),
             ("STAGEDOOR__PAYRAIL__BASE_URL", self.sandbox.base_url()),
             (
                 "STAGEDOOR__PAYRAIL__TIMEOUT_MS",

@@ -9,6 +9,8 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
     for _ in 0..2 {
         app.post_order("alice", &key, &[hold], "pm_card_visa").await;
     }
+    // A problem answer is counted by its type.
+    assert_eq!(app.post_hold("bob", seats[0], None).await.status(), 409);
     let response = app.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"]
@@ -17,7 +19,8 @@ async fn metrics_show_requests_idempotency_payrail_and_the_pool() {
         .starts_with("text/plain"));
     let text = response.text().await.unwrap();
     for expected in [
-        r#"http_requests_total{method="POST",route="/orders",status="201"}"#,
+        r#"http_requests_total{method="POST",route="/orders",status="201",problem="none"}"#,
+        r#"http_requests_total{method="POST",route="/holds",status="409",problem="seat-unavailable"}"#,
         r#"http_request_duration_seconds_bucket{method="POST",route="/orders",le="#,
         r#"idempotency_outcomes_total{outcome="first"}"#,
         r#"idempotency_outcomes_total{outcome="replay"}"#,
@@ -123,8 +126,31 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         "result",
         &["ok", "failed"],
     ));
+    at_zero.extend(labelled(
+        "holds_ended_total",
+        "how",
+        &["ordered", "expired", "released"],
+    ));
+    for status in ["paid", "declined", "failed"] {
+        for reason in [
+            "none",
+            "card_declined",
+            "insufficient_funds",
+            "expired_card",
+            "incorrect_cvc",
+            "lost_card",
+            "stolen_card",
+            "other",
+            "unknown",
+        ] {
+            at_zero.push(format!(
+                r#"orders_settled_total{{status="{status}",reason="{reason}"}}"#
+            ));
+        }
+    }
     at_zero.extend(
         [
+            "order_events_pending",
             "auth_keys_stale",
             "payrail_breaker_open",
             "payrail_breaker_rejections_total",
@@ -158,6 +184,30 @@ async fn a_fresh_instance_lists_every_known_series_at_zero() {
         Some("4"),
         "the pool's size (STAGEDOOR__DATABASE__POOL_SIZE of spawn_process)"
     );
+    let build = format!(r#"build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        value_of(&build).as_deref(),
+        Some("1"),
+        "{build} in:\n{text}"
+    );
+    for series in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_threads",
+        "process_start_time_seconds",
+    ] {
+        let value: f64 = value_of(series)
+            .unwrap_or_else(|| panic!("{series} missing from:\n{text}"))
+            .parse()
+            .unwrap();
+        assert!(
+            value > 0.0 || series == "process_cpu_seconds_total",
+            "{series} {value}"
+        );
+    }
     instance.stop(std::time::Duration::from_secs(10)).await;
 }
 

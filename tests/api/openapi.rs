@@ -19,6 +19,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/events/{event_id}/seats"),
     ("POST", "/holds"),
     ("DELETE", "/holds/{hold_id}"),
+    ("GET", "/orders"),
     ("POST", "/orders"),
     ("GET", "/orders/{order_id}"),
     ("POST", "/payrail/events"),

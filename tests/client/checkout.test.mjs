@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 
-import { Click, DEFAULTS, NoAnswerError } from '../../web/client/checkout.js';
+import { Click, DEFAULTS, NoAnswerError, listOrders } from '../../web/client/checkout.js';
 
 const BASE = 'http://stagedoor.test/';
 const TOKEN = 'token-of-alice';
@@ -454,4 +454,38 @@ test('with the real fetch and timers: an abandoned attempt is retried with the s
     server.closeAllConnections();
     await new Promise((resolve) => server.close(resolve));
   }
+});
+
+// ------------------------------------------------------------------ the buyer's orders
+
+test('listOrders sends GET /orders with the token, limit and after, and gives the page back', async () => {
+  const clock = fakeClock();
+  const page = { orders: [ORDER], next: 'AQID' };
+  const service = fakeService(clock, [json(200, page), json(200, { orders: [], next: null })]);
+  const options = { token: () => TOKEN, baseUrl: BASE, fetch: service.fetch, now: clock.now, sleep: clock.sleep };
+  const first = await clock.run(listOrders({ ...options, limit: 1 }));
+  assert.deepEqual(first, { status: 200, body: page });
+  const last = await clock.run(listOrders({ ...options, limit: 1, after: first.body.next }));
+  assert.deepEqual(last.body, { orders: [], next: null });
+  const [one, two] = service.calls;
+  assert.equal(one.url, `${BASE}orders?limit=1`);
+  assert.equal(two.url, `${BASE}orders?limit=1&after=AQID`);
+  for (const call of service.calls) {
+    assert.equal(call.init.method, 'GET');
+    assert.equal(call.headers.get('Authorization'), `Bearer ${TOKEN}`);
+    assert.equal(call.headers.get('Idempotency-Key'), null, 'a read needs no key');
+    assert.equal(call.body, undefined);
+  }
+});
+
+test('listOrders answers a problem as it came, and rejects when no answer comes in time', async () => {
+  const clock = fakeClock();
+  const service = fakeService(clock, [json(400, problem('invalid-request', 400)), TIMEOUT]);
+  const options = { token: TOKEN, baseUrl: BASE, fetch: service.fetch, now: clock.now, sleep: clock.sleep, timeoutMs: 2_000 };
+  const refused = await clock.run(listOrders({ ...options, after: 'tampered' }));
+  assert.equal(refused.status, 400);
+  assert.equal(refused.body.type, 'https://stagedoor.example/problems/invalid-request');
+  await assert.rejects(clock.run(listOrders(options)), { name: 'AbortError' });
+  assert.equal(clock.now() - clock.start, 2_000);
+  assert.equal(service.calls[1].url, `${BASE}orders`);
 });

@@ -11,10 +11,10 @@ export interface Problem {
   [member: string]: unknown;
 }
 
-/** The 201 of `POST /orders` (and `GET /orders/{order_id}`). */
+/** The 201 of `POST /orders` (and `GET /orders/{order_id}`, and each of `GET /orders`). */
 export interface Order {
   order_id: string;
-  status: 'paid' | 'declined' | 'payment_pending';
+  status: 'paid' | 'declined' | 'failed' | 'payment_pending';
   amount_cents: number;
   currency: string;
   hold_ids: number[];
@@ -136,6 +136,29 @@ export class Click {
   /** `POST /holds` `{"seat_id"}`, keyed. */
   hold(request: { seatId: number }): Promise<Answer<Hold>>;
 }
+
+/** A page of `GET /orders`: the buyer's orders, newest first. */
+export interface OrderPage {
+  orders: Order[];
+  /** The `after` of the next page; null on the last one. */
+  next: string | null;
+}
+
+export interface ListOrdersOptions
+  extends Pick<ClickOptions, 'token' | 'baseUrl' | 'timeoutMs' | 'fetch' | 'now' | 'sleep'> {
+  /** Orders per page, 1-100. Default (the service's) 20. */
+  limit?: number;
+  /** The `next` of the page before, as it came. */
+  after?: string | null;
+}
+
+/**
+ * `GET /orders`: one page of the buyer's orders, newest first. One request,
+ * no key (a read); rejects only when no answer comes (network, `timeoutMs`).
+ * A 200's body is an `OrderPage`; anything else a `Problem` (401, 400
+ * invalid-request for a bad `limit` or `after`).
+ */
+export function listOrders(options: ListOrdersOptions): Promise<{ status: number; body: OrderPage | Problem | null }>;
 
 /**
  * No answer before the deadline or the attempt cap: the work may still have

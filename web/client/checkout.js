@@ -133,7 +133,7 @@ export class Click {
       retryAfter: null, preferenceApplied: null, location: null, order: null, elapsedMs: 0, retryInMs: null,
     };
     const headers = {
-      Authorization: `Bearer ${typeof o.token === 'function' ? o.token() : o.token}`,
+      Authorization: bearer(o),
       'Content-Type': 'application/json',
       'Idempotency-Key': this.#key,
     };
@@ -164,6 +164,41 @@ export class Click {
       attempt.elapsedMs = o.now() - started;
     }
     return attempt;
+  }
+}
+
+/**
+ * `GET /orders`: a page of the buyer's orders, newest first, each as
+ * `GET /orders/{order_id}` shows it. A read: it needs no key and sends one
+ * request, bounded by `timeoutMs`. Resolves with `{ status, body }`: on 200
+ * the body is `{ orders, next }`, and `next` (null on the last page) is the
+ * `after` of the following page; anything else is a problem (401, 400
+ * `invalid-request` for a bad `limit` or `after`). Rejects when no answer
+ * comes (a network error, the timeout), which is safe to try again.
+ *
+ *     let page = (await listOrders({ token })).body;
+ *     while (page.next) page = (await listOrders({ token, after: page.next })).body;
+ *
+ * @param {object} options the buyer's `token`, `limit` (1-100, default 20), `after`, and `baseUrl`, `timeoutMs`, `fetch` as for a Click
+ */
+export async function listOrders(options) {
+  const { limit, after, ...rest } = options ?? {};
+  const o = configure(rest);
+  const url = new URL('orders', o.baseUrl);
+  if (limit !== undefined && limit !== null) url.searchParams.set('limit', String(limit));
+  if (after) url.searchParams.set('after', after);
+  const timeout = new AbortController();
+  const finished = new AbortController();
+  o.sleep(o.timeoutMs, finished.signal).then(() => timeout.abort(), () => {});
+  try {
+    const response = await o.fetch(url.href, {
+      method: 'GET', headers: { Authorization: bearer(o) }, signal: timeout.signal,
+      cache: 'no-store', credentials: 'omit',
+    });
+    const text = await response.text();
+    return { status: response.status, body: parseBody(text, response) };
+  } finally {
+    finished.abort();
   }
 }
 
@@ -231,6 +266,11 @@ function configure(options) {
     throw new RangeError(`options.waitSecs must be a whole number of seconds shorter than timeoutMs (${o.timeoutMs} ms), not ${o.waitSecs}`);
   }
   return o;
+}
+
+/** The `Authorization` value: a token function is asked again for every request (a token that refreshes). */
+function bearer(o) {
+  return `Bearer ${typeof o.token === 'function' ? o.token() : o.token}`;
 }
 
 /**

@@ -8,7 +8,7 @@
 use uuid::Uuid;
 
 use super::settle::Settlement;
-use super::{load, Order, OrderStatus, Orders, COLUMNS};
+use super::{by_id, load, Order, OrderStatus, Orders};
 use crate::checkout::CheckoutError;
 use crate::observe::labels;
 use crate::payrail::{ChargeOutcome, Event};
@@ -102,11 +102,7 @@ impl Orders {
             let user_id: String = row.try_get(0)?;
             return Ok(load(&client, &user_id, order_id).await?);
         }
-        let by_id = client
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
-            .await?;
-        let row = client.query_opt(&by_id, &[&order_id]).await?;
-        Ok(row.map(|row| Order::from_row(&row)).transpose()?)
+        Ok(by_id(&client, order_id).await?)
     }
 }
 

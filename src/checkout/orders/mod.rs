@@ -32,7 +32,7 @@ use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
 pub use place::Click;
-pub use settle::{record_decision, Settlement};
+pub use settle::{record_decision, Settlement, METRICS};
 pub use status::{OrderStatus, PaymentMethod};
 
 /// When the effect an idempotency key links is still settling, for the key
@@ -188,6 +188,99 @@ impl Orders {
         let client = self.pool.get().await?;
         Ok(load(&client, buyer, order_id).await?)
     }
+
+    /// A page of a buyer's own orders, newest first.
+    pub async fn list(
+        &self,
+        buyer: &str,
+        after: Option<Position>,
+        limit: u8,
+    ) -> Result<Page, CheckoutError> {
+        let client = self.pool.get().await?;
+        Ok(list(&client, buyer, after, limit).await?)
+    }
+}
+
+/// Where an order stands in its buyer's list, newest first: its creation
+/// time, then its id for orders made in the same microsecond. A page goes
+/// on after the last position of the one before, so an order made meanwhile
+/// neither shifts the pages nor shows up twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub created_at: OffsetDateTime,
+    pub order_id: Uuid,
+}
+
+/// Some of a buyer's orders, newest first, and where the next page starts
+/// (`None`: there is none).
+#[derive(Debug)]
+pub struct Page {
+    pub orders: Vec<Order>,
+    pub next: Option<Position>,
+}
+
+/// Up to `limit` of a buyer's orders, newest first, after `after` (from
+/// the newest when `None`), through the index on (user_id, created_at,
+/// order_id) of migrations/V14: a page reads its own rows and one more,
+/// which says whether another page follows.
+pub async fn list(
+    client: &impl GenericClient,
+    user_id: &str,
+    after: Option<Position>,
+    limit: u8,
+) -> Result<Page, DbError> {
+    const ORDER: &str = "ORDER BY created_at DESC, order_id DESC LIMIT";
+    let one_more = i64::from(limit) + 1;
+    let rows = match after {
+        None => {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM orders WHERE user_id = $1 {ORDER} $2"
+                ))
+                .await?;
+            client.query(&statement, &[&user_id, &one_more]).await?
+        }
+        Some(after) => {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM orders
+                     WHERE user_id = $1 AND (created_at, order_id) < ($2, $3) {ORDER} $4"
+                ))
+                .await?;
+            client
+                .query(
+                    &statement,
+                    &[&user_id, &after.created_at, &after.order_id, &one_more],
+                )
+                .await?
+        }
+    };
+    let more = rows.len() > usize::from(limit);
+    let kept = &rows[..rows.len().min(usize::from(limit))];
+    let next = match kept.last() {
+        Some(last) if more => Some(Position {
+            created_at: last.try_get("created_at")?,
+            order_id: last.try_get("order_id")?,
+        }),
+        _ => None,
+    };
+    let orders = kept.iter().map(Order::from_row).collect::<Result<_, _>>()?;
+    Ok(Page { orders, next })
+}
+
+/// An order by its id alone, whoever's it is: for those who know only the
+/// id (Payrail's events, support). The orders are keyed and, on Citus,
+/// split by buyer, so this asks every shard (through the index on the id
+/// alone of migrations/V6): never on a buyer's request.
+pub async fn by_id(client: &impl GenericClient, order_id: Uuid) -> Result<Option<Order>, DbError> {
+    let statement = client
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
+        .await?;
+    client
+        .query_opt(&statement, &[&order_id])
+        .await?
+        .map(|row| Order::from_row(&row))
+        .transpose()
 }
 
 /// A buyer's order by id. The buyer comes first in the orders' key: the

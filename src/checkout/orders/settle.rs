@@ -16,8 +16,80 @@ use idempotency::{Claim, Done, Fence, Storing};
 use uuid::Uuid;
 
 use super::{load, Order, OrderStatus, Orders, COLUMNS};
+use crate::checkout::holds::{self, HowEnded};
 use crate::checkout::CheckoutError;
+use crate::observe::{labels, Counter, Metric};
 use crate::payrail::ChargeOutcome;
+
+labels! {
+    /// How an order ended.
+    #[label = "status"]
+    enum Settled {
+        Paid = "paid",
+        Declined = "declined",
+        Failed = "failed",
+    }
+}
+
+labels! {
+    /// Why an order was declined: Payrail's `decline_code` when it is one of
+    /// these, so that the series stay bounded whatever Payrail sends.
+    #[label = "reason"]
+    pub enum Reason {
+        /// Not a decline (paid, failed).
+        None = "none",
+        CardDeclined = "card_declined",
+        InsufficientFunds = "insufficient_funds",
+        ExpiredCard = "expired_card",
+        IncorrectCvc = "incorrect_cvc",
+        LostCard = "lost_card",
+        StolenCard = "stolen_card",
+        /// A code not listed here.
+        Other = "other",
+        /// No code was said: the decline came by Payrail's event.
+        Unknown = "unknown",
+    }
+}
+
+impl Reason {
+    fn of(outcome: &ChargeOutcome) -> Self {
+        let ChargeOutcome::Declined { code, .. } = outcome else {
+            return Reason::None;
+        };
+        match code.as_deref() {
+            None => Reason::Unknown,
+            Some(code) => <Reason as crate::observe::Label>::ALL
+                .iter()
+                .copied()
+                .filter(|reason| !matches!(reason, Reason::None | Reason::Other | Reason::Unknown))
+                .find(|reason| crate::observe::Label::as_str(*reason) == code)
+                .unwrap_or(Reason::Other),
+        }
+    }
+}
+
+const SETTLED: Counter<(Settled, Reason)> = Counter::new(
+    "orders_settled_total",
+    "Orders settled, each once, by final status and decline reason",
+);
+/// What the settlement reports, for the recorder (`observe::install`).
+pub const METRICS: &[&dyn Metric] = &[&SETTLED];
+
+/// Counts an order that this settlement moved out of `payment_pending`:
+/// once per order, whichever path settled it, since only the call whose
+/// update moved it gets here. A paid order's holds end in it.
+fn counted(order: &Order, reason: Reason) {
+    let status = match order.status {
+        OrderStatus::Paid => Settled::Paid,
+        OrderStatus::Declined => Settled::Declined,
+        OrderStatus::Failed => Settled::Failed,
+        OrderStatus::PaymentPending => return,
+    };
+    SETTLED.of((status, reason)).increment(1);
+    if status == Settled::Paid {
+        holds::ended(HowEnded::Ordered, order.hold_ids.len());
+    }
+}
 
 /// The usual end of a click, in one call (one round trip, one commit):
 /// the settlement, and the answer, made from the order in hand, stored on
@@ -52,7 +124,11 @@ pub(super) async fn claimed(
             &[&order.order_id, &status, &charge_id],
         )
         .await?;
-    if !row.try_get::<_, bool>("settled")? {
+    let moved = row.try_get::<_, bool>("settled")?;
+    if moved {
+        counted(&order, Reason::of(outcome));
+    }
+    if !moved {
         let settled = load(&client, &claim.user_id, order.order_id)
             .await?
             .ok_or_else(|| {
@@ -96,7 +172,7 @@ impl Orders {
         outcome: &ChargeOutcome,
     ) -> Result<Settlement, CheckoutError> {
         let (status, charge_id) = decision(outcome);
-        self.settle_unclaimed_as(user_id, order_id, status, charge_id)
+        self.settle_unclaimed_as(user_id, order_id, status, charge_id, Reason::of(outcome))
             .await
     }
 
@@ -109,8 +185,14 @@ impl Orders {
         order_id: Uuid,
         charge_id: Option<&String>,
     ) -> Result<Settlement, CheckoutError> {
-        self.settle_unclaimed_as(user_id, order_id, OrderStatus::Failed, charge_id)
-            .await
+        self.settle_unclaimed_as(
+            user_id,
+            order_id,
+            OrderStatus::Failed,
+            charge_id,
+            Reason::None,
+        )
+        .await
     }
 
     async fn settle_unclaimed_as(
@@ -119,10 +201,12 @@ impl Orders {
         order_id: Uuid,
         status: OrderStatus,
         charge_id: Option<&String>,
+        reason: Reason,
     ) -> Result<Settlement, CheckoutError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let (order, applied) = match settle(&tx, user_id, order_id, status, charge_id).await? {
+        let settled = settle(&tx, user_id, order_id, status, charge_id).await?;
+        let (order, applied) = match settled {
             Some(order) => (order, true),
             None => match load(&tx, user_id, order_id).await? {
                 None => {
@@ -147,6 +231,9 @@ impl Orders {
         )
         .await?;
         tx.commit().await?;
+        if applied {
+            counted(&order, reason);
+        }
         Ok(if applied {
             Settlement::Applied(order)
         } else {
@@ -185,14 +272,18 @@ pub async fn record_decision(
     outcome: &ChargeOutcome,
 ) -> Result<Option<Order>, crate::db::DbError> {
     let (status, charge_id) = decision(outcome);
-    settle(client, user_id, order_id, status, charge_id).await
+    let settled = settle(client, user_id, order_id, status, charge_id).await?;
+    if let Some(order) = &settled {
+        counted(order, Reason::of(outcome));
+    }
+    Ok(settled)
 }
 
 /// The order status and charge id that Payrail's decision means.
 fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
     match outcome {
         ChargeOutcome::Succeeded { charge_id } => (OrderStatus::Paid, Some(charge_id)),
-        ChargeOutcome::Declined { charge_id } => (OrderStatus::Declined, charge_id.as_ref()),
+        ChargeOutcome::Declined { charge_id, .. } => (OrderStatus::Declined, charge_id.as_ref()),
     }
 }
 
