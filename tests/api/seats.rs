@@ -408,3 +408,34 @@ async fn a_poll_at_steady_state_is_304_on_every_instance() {
         }
     }
 }
+
+/// Without the database a map is not served from memory past its age:
+/// the snapshot cannot be read again, nor the caller's own holds, and the
+/// answer is an error, never a stale map.
+#[tokio::test]
+async fn without_the_database_no_stale_map_is_served() {
+    let app = spawn_app_with(|s| s.database.pool_timeout_ms = 1_000).await;
+    app.seed("show", 4, 1000).await;
+    assert_eq!(get_seats_with(&app, "alice", &[]).await.status, 200);
+
+    // The database takes no connection any more, and the instance's are cut.
+    let maintenance = test_support::db::connect(&test_support::db::maintenance_url()).await;
+    maintenance
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+            name = app.db.name
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(MAX_AGE).await;
+    for buyer in ["alice", "bob"] {
+        let seen = get_seats_with(&app, buyer, &[]).await;
+        assert!(
+            seen.status >= 500,
+            "{buyer}: {} {}",
+            seen.status,
+            String::from_utf8_lossy(&seen.body)
+        );
+    }
+}
