@@ -1,6 +1,6 @@
 //! Seat maps served from memory: a snapshot per event in each instance,
 //! read again from the database when it is older than [`MAX_AGE`] or an
-//! unordered hold in it has expired, so that another buyer's hold, order,
+//! unordered hold in it has expired (but not before [`MIN_AGE`]), so that another buyer's hold, order,
 //! settlement, release or expiry shows on every instance within a second,
 //! with no message between instances to miss. One view refreshes a stale
 //! snapshot while the views that meet it wait for that read, never a read
@@ -33,6 +33,12 @@ use crate::db::DbError;
 /// sent: with the read's own time, a change committed elsewhere shows on
 /// every instance within a second (docs/API.md).
 pub const MAX_AGE: Duration = Duration::from_millis(900);
+
+/// The youngest a snapshot is read again, though a hold in it expires
+/// sooner: an on-sale's holds expire one after another, and reading the
+/// map at each expiry would keep the database at it. An expiry still
+/// shows within this and the read's own time.
+const MIN_AGE: Duration = Duration::from_millis(100);
 
 /// Snapshots kept before those no view has refreshed for [`FORGOTTEN`] are
 /// dropped: past events' maps need not stay in memory.
@@ -160,7 +166,7 @@ impl SeatMaps {
             .filter_map(|s| s.expires_in)
             .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or_default())
             .min()
-            .map_or(MAX_AGE, |life| life.min(MAX_AGE));
+            .map_or(MAX_AGE, |life| life.clamp(MIN_AGE, MAX_AGE));
         let seats: Vec<seats::Seat> = read.into_iter().map(|s| s.seat).collect();
         let shared = Arc::new(MapBody::of(&SeatMap {
             event_id: event_id.to_owned(),
