@@ -20,6 +20,7 @@ use secrecy::ExposeSecret;
 use crate::auth::{self, KeySource, Provider, Verifier};
 use crate::checkout::holds::{self, HoldPolicy};
 use crate::checkout::orders::{self, Orders};
+use crate::checkout::seat_maps::SeatMaps;
 use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::payrail_events::{self, PayrailEvents};
@@ -275,6 +276,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     Ok(AppState {
         engine,
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
+        seat_maps: SeatMaps::default(),
         limit,
         readiness: Readiness::new(pool.clone()),
         pool,

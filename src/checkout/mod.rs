@@ -6,6 +6,7 @@
 
 pub mod holds;
 pub mod orders;
+pub mod seat_maps;
 pub mod seats;
 
 use time::format_description::well_known::Rfc3339;

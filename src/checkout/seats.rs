@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::auth::BuyerId;
 use crate::db::DbError;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Seat {
     pub seat_id: i64,
     #[schema(example = "A1")]
@@ -22,7 +22,7 @@ pub struct Seat {
 }
 
 /// A hold of the caller's, as the seat map shows it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct YourHold {
     pub hold_id: i64,
     /// RFC 3339, UTC.
@@ -53,8 +53,8 @@ pub struct SeedSummary {
     pub price_cents: i64,
 }
 
-/// The seat map's one statement: `$1` the event, `$2` the buyer. Public for
-/// the test that reads its plan.
+/// The statement of an event's snapshot (src/checkout/seat_maps.rs): `$1`
+/// the event. Public for the test that reads its plan.
 ///
 /// The exclusion constraint on holds leaves at most one live or ordered
 /// hold per seat, which each seat looks up on its own (`LATERAL`) through
@@ -62,66 +62,94 @@ pub struct SeedSummary {
 /// as one scan of every hold of every event whenever the table looked
 /// small next to the map, and the table only grows. A hold knows whether
 /// its order is paid (`sold`): the seat map reads no order, which on a
-/// distributed database would mean asking every shard.
+/// distributed database would mean asking every shard. `expires_in` is the
+/// life left of an unordered hold, in seconds of the database's clock: the
+/// snapshot is not kept past the first expiry, which changes the map with
+/// no statement.
 pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
         CASE WHEN h.sold THEN 'sold'
              WHEN h.hold_id IS NOT NULL THEN 'held'
              ELSE 'available' END AS status,
-        CASE WHEN h.user_id = $2 AND h.order_id IS NULL THEN h.hold_id END AS your_hold_id,
-        h.expires_at
+        CASE WHEN h.hold_id IS NOT NULL AND h.order_id IS NULL
+             THEN extract(epoch FROM h.expires_at - now())::float8 END AS expires_in
  FROM seats s
- LEFT JOIN LATERAL (SELECT hold_id, user_id, order_id, sold, expires_at FROM holds
+ LEFT JOIN LATERAL (SELECT hold_id, order_id, sold, expires_at FROM holds
                     WHERE holds.seat_id = s.seat_id
                       AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                     LIMIT 1) h ON true
  WHERE s.event_id = $1
  ORDER BY s.seat_id";
 
-/// The seat map of an event as `buyer` sees it, or `None` when there is no
-/// such event.
-pub async fn seat_map(
+/// The caller's live unordered holds of one event: `$1` the buyer, `$2`
+/// the event. Through the holds' index of a buyer's live holds
+/// (migrations/V8), so that a view of a map from memory costs one probe of
+/// the buyer's own few rows. Public for the test that reads its plan.
+pub const OWN_HOLDS_STATEMENT: &str = "SELECT h.seat_id, h.hold_id, h.expires_at
+ FROM holds h
+ JOIN seats s ON s.seat_id = h.seat_id
+ WHERE h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
+   AND s.event_id = $2";
+
+/// A seat as the snapshot has it, and when its unordered hold (if any)
+/// expires, in seconds from the read.
+pub(crate) struct ReadSeat {
+    pub seat: Seat,
+    pub expires_in: Option<f64>,
+}
+
+/// Every seat of the event as everyone sees it (`your_hold` empty), or
+/// `None` when there is no such event.
+pub(crate) async fn read_map(
     client: &impl GenericClient,
     event_id: &str,
-    buyer: &BuyerId,
-) -> Result<Option<SeatMap>, DbError> {
-    // PostgreSQL text cannot hold NUL, so no event has such an id; asking
-    // would be an encoding error (a 500) instead of a 404.
-    if event_id.contains('\0') {
-        return Ok(None);
-    }
+) -> Result<Option<Vec<ReadSeat>>, DbError> {
     let statement = client.prepare_cached(SEAT_MAP_STATEMENT).await?;
-    let rows = client
-        .query(&statement, &[&event_id, &buyer.as_str()])
-        .await?;
+    let rows = client.query(&statement, &[&event_id]).await?;
     if rows.is_empty() && !event_exists(client, event_id).await? {
         return Ok(None);
     }
     let mut seats = Vec::with_capacity(rows.len());
     for row in rows {
         let status: &str = row.try_get("status")?;
-        let your_hold = match row.try_get::<_, Option<i64>>("your_hold_id")? {
-            Some(hold_id) => Some(YourHold {
-                hold_id,
-                expires_at: super::rfc3339(row.try_get("expires_at")?),
-            }),
-            None => None,
-        };
-        seats.push(Seat {
-            seat_id: row.try_get("seat_id")?,
-            label: row.try_get("label")?,
-            price_cents: row.try_get("price_cents")?,
-            status: match status {
-                "sold" => "sold",
-                "held" => "held",
-                _ => "available",
+        seats.push(ReadSeat {
+            seat: Seat {
+                seat_id: row.try_get("seat_id")?,
+                label: row.try_get("label")?,
+                price_cents: row.try_get("price_cents")?,
+                status: match status {
+                    "sold" => "sold",
+                    "held" => "held",
+                    _ => "available",
+                },
+                your_hold: None,
             },
-            your_hold,
+            expires_in: row.try_get("expires_in")?,
         });
     }
-    Ok(Some(SeatMap {
-        event_id: event_id.to_owned(),
-        seats,
-    }))
+    Ok(Some(seats))
+}
+
+/// The buyer's live unordered holds of the event, by seat.
+pub(crate) async fn own_holds(
+    client: &impl GenericClient,
+    event_id: &str,
+    buyer: &BuyerId,
+) -> Result<Vec<(i64, YourHold)>, DbError> {
+    let statement = client.prepare_cached(OWN_HOLDS_STATEMENT).await?;
+    let rows = client
+        .query(&statement, &[&buyer.as_str(), &event_id])
+        .await?;
+    let mut holds = Vec::with_capacity(rows.len());
+    for row in rows {
+        holds.push((
+            row.try_get("seat_id")?,
+            YourHold {
+                hold_id: row.try_get("hold_id")?,
+                expires_at: super::rfc3339(row.try_get("expires_at")?),
+            },
+        ));
+    }
+    Ok(holds)
 }
 
 async fn event_exists(client: &impl GenericClient, event_id: &str) -> Result<bool, DbError> {

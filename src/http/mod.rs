@@ -53,6 +53,8 @@ pub struct AppState {
     /// applies it to keyed requests); unkeyed `POST /holds` asks it directly.
     pub limit: idempotency::Limit,
     pub orders: Orders,
+    /// The events' seat maps, kept in memory for a bounded time.
+    pub seat_maps: crate::checkout::seat_maps::SeatMaps,
     /// Checks bearer tokens (the HS256 secret and/or the identity provider).
     pub verifier: Verifier,
     /// The longest a `Prefer: wait` request waits (`idempotency.max_wait_secs`).

@@ -1,19 +1,15 @@
-//! The seat map, the on-sale's most polled read: an `ETag` of its bytes, so
-//! that a poll that changed nothing is a `304` of a few bytes, and gzip when
-//! the caller accepts it (a 2,000-seat map is 175 KB of JSON, 12 KB
-//! gzipped).
-
-use std::io::Write;
+//! The seat map, the on-sale's most polled read, from memory
+//! (`checkout::seat_maps`): an `ETag` of its bytes, so that a poll that
+//! changed nothing is a `304` of a few bytes, and gzip when the caller
+//! accepts it (a 2,000-seat map is 175 KB of JSON, 12 KB gzipped).
 
 use actix_web::http::header::{self, AcceptEncoding, Encoding, EntityTag, Header};
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use flate2::write::GzEncoder;
-use flate2::Compression;
-use sha2::{Digest, Sha256};
 
 use super::problem::Problem;
 use super::{AppState, Buyer};
-use crate::checkout::seats::{self, SeatMap};
+use crate::checkout::seat_maps::MapBody;
+use crate::checkout::seats::SeatMap;
 
 /// Each buyer's map is their own (`your_hold`), and it changes with every
 /// hold: no shared cache may keep it, and a browser asks again each time,
@@ -29,8 +25,10 @@ const CACHE_CONTROL: &str = "private, no-cache";
         (a paid order has it). A seat the caller holds (live, not yet in an order) carries \
         `your_hold`, the hold's id and expiry; every other seat has `null` there. An event \
         that does not exist is 404.\n\n\
-        The map is read from the database on every request, so it is never stale: the \
-        caller's own holds and everyone else's are as of the request. It carries a weak \
+        Other buyers' changes show within one second: each instance serves the map from a \
+        snapshot in memory, read again when it is 0.9 s old or when a hold in it expires. The \
+        caller's own live holds are read on every request, so a hold just made is in its \
+        holder's next map on any instance. It carries a weak \
         `ETag` of its bytes (the same for its gzip and identity forms); a request whose \
         `If-None-Match` names it is `304` with no body, and the tag changes whenever any \
         seat's status or the caller's own holds change. The body is gzipped when \
@@ -68,22 +66,19 @@ pub async fn seat_map(
     buyer: Buyer,
     event_id: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
-    let client = state.pool.get().await?;
-    let map = seats::seat_map(&client, &event_id, &buyer.0)
+    let map = state
+        .seat_maps
+        .view(&state.pool, &event_id, &buyer.0)
         .await?
         .ok_or(Problem::NotFound("there is no event with this id"))?;
-    drop(client);
     Ok(respond(&req, &map))
 }
 
 /// 200 with the map (gzipped if the caller prefers it), or 304 when the
 /// caller's `If-None-Match` names its tag. Both carry the validator and the
 /// caching headers, so a browser can refresh what it keeps.
-fn respond(req: &HttpRequest, map: &SeatMap) -> HttpResponse {
-    // Strings and numbers: serializing cannot fail.
-    let body = serde_json::to_vec(map).unwrap_or_default();
-    let digest = Sha256::digest(&body);
-    let tag = EntityTag::new_weak(hex(&digest[..16]));
+fn respond(req: &HttpRequest, map: &MapBody) -> HttpResponse {
+    let tag = EntityTag::new_weak(hex(&map.digest));
     let cached = super::conditional::has(req, &tag);
     let mut response = if cached {
         HttpResponse::NotModified()
@@ -98,28 +93,21 @@ fn respond(req: &HttpRequest, map: &SeatMap) -> HttpResponse {
         return response.finish();
     }
     response.content_type("application/json");
-    match gzip_if_preferred(req, &body) {
+    match gzip_preferred(req).then(|| map.gzipped()).flatten() {
         Some(gzipped) => response
             .insert_header((header::CONTENT_ENCODING, "gzip"))
             .body(gzipped),
-        None => response.body(body),
+        None => response.body(map.json.clone()),
     }
 }
 
-/// The body gzipped, when the caller's `Accept-Encoding` prefers `gzip` to
-/// `identity` (no header, `*` alone, or a failure to compress: `None`, the
-/// body goes as it is).
-fn gzip_if_preferred(req: &HttpRequest, body: &[u8]) -> Option<Vec<u8>> {
-    let accepted = AcceptEncoding::parse(req).ok()?;
-    let chosen = accepted.negotiate([Encoding::gzip(), Encoding::identity()].iter())?;
-    if chosen != Encoding::gzip() {
-        return None;
-    }
-    // The fast level: most of the size goes at a fraction of the default's
-    // time, and the map is built for every poll.
-    let mut encoder = GzEncoder::new(Vec::with_capacity(body.len() / 8), Compression::fast());
-    encoder.write_all(body).ok()?;
-    encoder.finish().ok()
+/// Whether the caller's `Accept-Encoding` prefers `gzip` to `identity` (no
+/// header, or `*` alone: no).
+fn gzip_preferred(req: &HttpRequest) -> bool {
+    AcceptEncoding::parse(req).ok().is_some_and(|accepted| {
+        accepted.negotiate([Encoding::gzip(), Encoding::identity()].iter())
+            == Some(Encoding::gzip())
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -1,4 +1,8 @@
-use crate::helpers::{new_key, spawn_app, Seen, TestApp};
+use std::time::Duration;
+
+use stagedoor_checkout::checkout::seat_maps::MAX_AGE;
+
+use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen, TestApp};
 
 #[tokio::test]
 async fn the_seat_map_shows_available_held_and_sold_seats() {
@@ -145,13 +149,31 @@ async fn the_seat_map_reads_no_other_events_holds() {
         .batch_execute(&format!(
             "ANALYZE holds, seats;
              SET plan_cache_mode = {plans};
-             PREPARE seat_map (text, text) AS {}",
-            stagedoor_checkout::checkout::seats::SEAT_MAP_STATEMENT
+             PREPARE seat_map (text) AS {};
+             PREPARE own_holds (text, text) AS {}",
+            stagedoor_checkout::checkout::seats::SEAT_MAP_STATEMENT,
+            stagedoor_checkout::checkout::seats::OWN_HOLDS_STATEMENT,
         ))
         .await
         .unwrap();
+    let plan = explain(&client, "EXECUTE seat_map ('show')").await;
+    assert!(!plan.contains("Seq Scan on holds"), "{plan}");
+    assert!(plan.contains("Index Cond: (seat_id = s.seat_id)"), "{plan}");
+    // Each view's read of the caller's own holds: through the buyer's live
+    // holds, or the live holds of every buyer, never the expired ones.
+    let plan = explain(&client, "EXECUTE own_holds ('crowd', 'show')").await;
+    assert!(!plan.contains("Seq Scan on holds"), "{plan}");
+    assert!(
+        ["holds_live_by_buyer_idx", "holds_unordered_expiry_idx"]
+            .iter()
+            .any(|index| plan.contains(&format!("using {index} on holds"))),
+        "{plan}"
+    );
+}
+
+async fn explain(client: &tokio_postgres::Client, statement: &str) -> String {
     let plan: Vec<String> = client
-        .simple_query("EXPLAIN EXECUTE seat_map ('show', 'alice')")
+        .simple_query(&format!("EXPLAIN {statement}"))
         .await
         .unwrap()
         .into_iter()
@@ -160,9 +182,7 @@ async fn the_seat_map_reads_no_other_events_holds() {
             _ => None,
         })
         .collect();
-    let plan = plan.join("\n");
-    assert!(!plan.contains("Seq Scan on holds"), "{plan}");
-    assert!(plan.contains("Index Cond: (seat_id = s.seat_id)"), "{plan}");
+    plan.join("\n")
 }
 
 /// A seat map's answer: its status, headers and body bytes as sent.
@@ -230,8 +250,10 @@ async fn the_seat_map_is_304_while_its_etag_still_matches() {
     let other = get_seats_with(&app, "alice", &[("If-None-Match", "W/\"other\"")]).await;
     assert_eq!((other.status, &other.body), (200, &first.body));
 
-    // Another buyer's hold changes the map, and so its tag.
+    // Another buyer's hold changes the map, and so its tag, once the
+    // snapshot the instance keeps is past its age.
     app.hold("bob", seats[0]).await;
+    tokio::time::sleep(MAX_AGE).await;
     let changed = get_seats_with(&app, "alice", &[("If-None-Match", &tag)]).await;
     assert_eq!(changed.status, 200);
     assert_ne!(etag(&changed), tag);
@@ -294,4 +316,126 @@ async fn the_seat_map_is_gzipped_when_the_caller_accepts_gzip() {
     .await;
     assert_eq!(not_modified.status, 304);
     assert!(not_modified.body.is_empty());
+}
+
+/// `GET /events/show/seats` as `buyer`: each seat's status and `your_hold`'s id.
+async fn statuses(app: &TestApp, buyer: &str) -> Vec<(String, Option<i64>)> {
+    let seen = get_seats_with(app, buyer, &[]).await;
+    assert_eq!(seen.status, 200);
+    seen.json()["seats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["status"].as_str().unwrap().to_owned(),
+                s["your_hold"]["hold_id"].as_i64(),
+            )
+        })
+        .collect()
+}
+
+/// Two instances on one database, each with the map in memory: a hold
+/// made on one is in its holder's next map on the other at once, and in
+/// everyone's once the other's snapshot is past its age (docs/API.md).
+#[tokio::test]
+async fn a_hold_on_one_instance_shows_on_the_others_map_within_its_age() {
+    let one = spawn_app().await;
+    let other = one.another_instance().await;
+    let seats = one.seed("show", 3, 1000).await;
+    // Both instances keep the map of a night with no hold.
+    for app in [&one, &other] {
+        for buyer in ["alice", "bob"] {
+            assert!(statuses(app, buyer)
+                .await
+                .iter()
+                .all(|(status, mine)| status == "available" && mine.is_none()));
+        }
+    }
+
+    let hold = one.hold("alice", seats[1]).await;
+    let alices = statuses(&other, "alice").await;
+    assert_eq!(alices[1], ("held".to_owned(), Some(hold)), "at once");
+    tokio::time::sleep(MAX_AGE).await;
+    let bobs = statuses(&other, "bob").await;
+    assert_eq!(bobs[1], ("held".to_owned(), None), "within its age");
+
+    // A release too, and the holder's own map at once.
+    assert_eq!(one.delete_hold("alice", hold).await.status(), 204);
+    assert_eq!(statuses(&other, "alice").await[1].1, None);
+    tokio::time::sleep(MAX_AGE).await;
+    assert_eq!(statuses(&other, "bob").await[1].0, "available");
+}
+
+/// A hold that expires changes the map with no statement: the snapshot is
+/// not kept past its first expiry.
+#[tokio::test]
+async fn an_expired_hold_leaves_the_map() {
+    let app = spawn_app_with(|s| s.holds.ttl_secs = 1).await;
+    let seats = app.seed("show", 2, 1000).await;
+    let hold = app.hold("alice", seats[0]).await;
+    assert_eq!(statuses(&app, "bob").await[0], ("held".to_owned(), None));
+    assert_eq!(
+        statuses(&app, "alice").await[0],
+        ("held".to_owned(), Some(hold))
+    );
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for buyer in ["bob", "alice"] {
+        assert_eq!(
+            statuses(&app, buyer).await[0],
+            ("available".to_owned(), None),
+            "{buyer}"
+        );
+    }
+}
+
+/// At steady state a poll is a 304 on every instance, for the crowd and
+/// for a holder alike, each snapshot read again or not.
+#[tokio::test]
+async fn a_poll_at_steady_state_is_304_on_every_instance() {
+    let one = spawn_app().await;
+    let other = one.another_instance().await;
+    let seats = one.seed("show", 20, 1000).await;
+    one.hold("alice", seats[3]).await;
+    for buyer in ["alice", "bob"] {
+        let tag = etag(&get_seats_with(&one, buyer, &[]).await);
+        for round in 0..3 {
+            for app in [&one, &other] {
+                let again = get_seats_with(app, buyer, &[("If-None-Match", &tag)]).await;
+                assert_eq!(again.status, 304, "{buyer}, round {round}");
+            }
+            tokio::time::sleep(MAX_AGE / 2).await;
+        }
+    }
+}
+
+/// Without the database a map is not served from memory past its age:
+/// the snapshot cannot be read again, nor the caller's own holds, and the
+/// answer is an error, never a stale map.
+#[tokio::test]
+async fn without_the_database_no_stale_map_is_served() {
+    let app = spawn_app_with(|s| s.database.pool_timeout_ms = 1_000).await;
+    app.seed("show", 4, 1000).await;
+    assert_eq!(get_seats_with(&app, "alice", &[]).await.status, 200);
+
+    // The database takes no connection any more, and the instance's are cut.
+    let maintenance = test_support::db::connect(&test_support::db::maintenance_url()).await;
+    maintenance
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+            name = app.db.name
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(MAX_AGE).await;
+    for buyer in ["alice", "bob"] {
+        let seen = get_seats_with(&app, buyer, &[]).await;
+        assert!(
+            seen.status >= 500,
+            "{buyer}: {} {}",
+            seen.status,
+            String::from_utf8_lossy(&seen.body)
+        );
+    }
 }
