@@ -167,7 +167,7 @@ GOLDEN = row(
         ),
     ),
     graph(
-        "Client errors per route",
+        "Error answers per route",
         "4xx and 5xx answers per second by route and status.",
         "reqps",
         (rate("http_requests_total", "route, status", 'status=~"[45].."'), "{{route}} {{status}}"),

@@ -23,7 +23,6 @@ import uuid
 SUBSTITUTIONS = {
     "$__rate_interval": "10s",
     "$__interval": "2s",
-    "$__range": "1m",
     "$instance": ".*",
 }
 # A series born of the traffic needs two scrapes before rate() shows it.
