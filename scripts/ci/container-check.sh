@@ -187,12 +187,20 @@ compose down -v --remove-orphans >/dev/null 2>&1 || true
 #   pull SERVICE IMAGE               a service run from a registry image
 #   port SERVICE PORT HOST_IP        a port published on the host ("-": every
 #                                    interface)
+#   service SERVICE                  a service that `up` starts
+# Services of a profile (the `observe` profile's Prometheus and Grafana) are
+# left out: `up` starts them only when their profile is named, which this
+# check never does, and their registry images are not here. `config` lists
+# them all the same.
 # /usr/bin/python3: Debian's docker-compose runs on it, so it has PyYAML.
 compose_facts() {
     compose config | /usr/bin/python3 -c '
 import os, sys, yaml
 services = yaml.safe_load(sys.stdin).get("services") or {}
 for name, svc in sorted(services.items()):
+    if svc.get("profiles"):
+        continue
+    print("service", name)
     build = svc.get("build")
     if build is not None:
         if isinstance(build, str):
@@ -569,7 +577,7 @@ step "up"
 check_ports # again: the build took minutes
 stack_up=1
 logged up timeout 600 "${compose_cmd[@]}" up -d --no-build
-mapfile -t services < <(compose config --services)
+mapfile -t services < <(awk '$1 == "service" { print $2 }' <<<"$facts")
 deadline=$((SECONDS + health_timeout))
 while :; do
     mapfile -t containers < <(compose ps -q)
