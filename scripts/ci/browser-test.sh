@@ -15,8 +15,9 @@
 # `browser: N passed, M failed`; the exit status is non-zero on any failure.
 #
 # Environment: CARGO_TARGET_DIR (default /var/tmp/stagedoor-target, as CI),
-# PGHOST_URL (default postgres://postgres@127.0.0.1:5432), SCREENSHOT
-# (default /tmp/stagedoor-demo.png).
+# PGHOST_URL (default postgres://postgres@127.0.0.1:5432), SCREENSHOTS
+# (default $CARGO_TARGET_DIR/browser: the page at 1280 and 390 px wide, and
+# a decline; CI keeps the folder).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -34,6 +35,9 @@ db="stagedoor_browser_$$"
 # Longer than the fault latency the test sets (the page's 3 s timeout + 1.5 s),
 # so the service gets Payrail's answer while the page has given up on it.
 payrail_timeout_ms=8000
+# Short enough that a hold's countdown reaches its last-minute warning while
+# the test waits; long enough for every step that pays for a hold.
+hold_ttl_secs=75
 
 step() { printf '==> %s\n' "$*"; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -126,6 +130,7 @@ service_env=(
     STAGEDOOR__PAYRAIL__BASE_URL="$sandbox_url"
     STAGEDOOR__PAYRAIL__TIMEOUT_MS="$payrail_timeout_ms"
     STAGEDOOR__DEMO__SEED=true
+    STAGEDOOR__HOLDS__TTL_SECS="$hold_ttl_secs"
     STAGEDOOR__HTTP__CORS_ORIGINS="$cors_origin"
     RUST_LOG="${RUST_LOG:-info}"
 )
@@ -141,13 +146,16 @@ until curl -fsS -o /dev/null --max-time 2 "$service_url/readyz" 2>/dev/null; do
 done
 
 token="$(env "${service_env[@]}" "$bin/stagedoor-checkout" token --sub browser-buyer)"
+other_token="$(env "${service_env[@]}" "$bin/stagedoor-checkout" token --sub browser-other)"
 
 step "tests/browser/checkout.mjs (headless $(chromium --version 2>/dev/null | head -n1))"
 STAGEDOOR_URL="$service_url" \
 PAYRAIL_URL="$sandbox_url" \
 STAGEDOOR_TOKEN="$token" \
+OTHER_TOKEN="$other_token" \
+HOLD_TTL_SECS="$hold_ttl_secs" \
 PAYRAIL_TIMEOUT_MS="$payrail_timeout_ms" \
 CORS_ORIGIN="$cors_origin" \
 CHROMIUM="$(command -v chromium)" \
-SCREENSHOT="${SCREENSHOT:-/tmp/stagedoor-demo.png}" \
+SCREENSHOTS="${SCREENSHOTS:-$CARGO_TARGET_DIR/browser}" \
     node tests/browser/checkout.mjs

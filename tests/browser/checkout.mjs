@@ -2,19 +2,26 @@
 // /client/checkout.js) in headless Chromium against a REAL running service
 // and Payrail sandbox, and checks the promise from the browser's side: the
 // key is made at the click, a retry of the click reuses it, a new click makes
-// a new one, and the sandbox's ledger shows one charge per click. scripts/ci/browser-test.sh starts everything and sets:
+// a new one, and the sandbox's ledger shows one charge per click. Then, at
+// 1280 and at 390 px wide, what a buyer meets: messages that stay, a
+// countdown per hold, their seats and orders after a reload, prices without
+// hovering, a map that refreshes itself (304s), no developer words outside
+// the developer log, no sideways scroll. scripts/ci/browser-test.sh starts
+// everything and sets:
 //
 //   STAGEDOOR_URL      the service, e.g. http://127.0.0.1:PORT
 //   PAYRAIL_URL        the sandbox the service charges through
 //   STAGEDOOR_TOKEN    a bearer token for the buyer
+//   OTHER_TOKEN        a bearer token for another buyer, whose hold the page must show
+//   HOLD_TTL_SECS      the service's holds.ttl_secs: short, so a countdown reaches its warning
 //   PAYRAIL_TIMEOUT_MS the service's payrail.timeout_ms
 //   CORS_ORIGIN        an origin the service allows (optional: the CORS test)
 //   CHROMIUM           the browser (default: `command -v chromium`)
-//   SCREENSHOT         where the screenshot goes (default /tmp/stagedoor-demo.png)
+//   SCREENSHOTS        the folder the screenshots go to (default /tmp/stagedoor-browser)
 //
 // Prints `browser: N passed, M failed` last; exits non-zero on any failure.
 
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -30,7 +37,10 @@ const SANDBOX = env('PAYRAIL_URL').replace(/\/$/, '');
 const TOKEN = env('STAGEDOOR_TOKEN');
 const PAYRAIL_TIMEOUT_MS = Number(env('PAYRAIL_TIMEOUT_MS', '3000'));
 const CORS_ORIGIN = process.env.CORS_ORIGIN || '';
-const SCREENSHOT = env('SCREENSHOT', '/tmp/stagedoor-demo.png');
+const OTHER_TOKEN = env('OTHER_TOKEN');
+const HOLD_TTL_SECS = Number(env('HOLD_TTL_SECS', '600'));
+const SCREENSHOTS = env('SCREENSHOTS', '/tmp/stagedoor-browser');
+mkdirSync(SCREENSHOTS, { recursive: true });
 const CHROMIUM = process.env.CHROMIUM || execFileSync('sh', ['-c', 'command -v chromium'], { encoding: 'utf8' }).trim();
 
 // As the machine's notes say: without the background-networking flags
@@ -133,17 +143,134 @@ async function waitForOutcome(page, kinds, timeout) {
 
 const describeLog = (entries) => entries.map((e) => `      ${e.text}`).join('\n');
 
+/** Holds a seat as the other buyer, straight through the API: the page must show it by itself. */
+async function holdAsOtherBuyer(except) {
+  const map = await service('/events/demo/seats');
+  const free = map.json.seats.find((s) => s.status === 'available' && !except.includes(String(s.seat_id)));
+  const response = await fetch(`${BASE}/holds`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${OTHER_TOKEN}`, 'Content-Type': 'application/json', 'Idempotency-Key': crypto.randomUUID() },
+    body: JSON.stringify({ seat_id: free.seat_id }),
+    signal: AbortSignal.timeout(10_000),
+  });
+  check(response.status === 201, `the other buyer's hold: ${response.status}`);
+  return String(free.seat_id);
+}
+
+/** What a buyer meets at `width` px, after a reload; ends with a screenshot of that width. */
+async function buyerView(page, width, paidSeat) {
+  const seatMaps = [];
+  const listen = (response) => {
+    if (new URL(response.url()).pathname === '/events/demo/seats') {
+      seatMaps.push({ status: response.status(), ifNoneMatch: response.request().headers()['if-none-match'] || null });
+    }
+  };
+  let held;
+
+  await step(`${width} px: after a reload the paid seats are marked as the buyer's, and "your orders" lists the orders`, async () => {
+    await page.setViewportSize({ width, height: width < 600 ? 844 : 1000 });
+    await page.reload();
+    page.on('response', listen);
+    await page.waitForSelector(`[data-testid="seat-${paidSeat}"][data-status="sold"][data-mine="true"]`, { timeout: 15_000 });
+    const orders = await page.getByTestId('order').evaluateAll((items) => items.map((li) => li.dataset.status));
+    check(orders.filter((s) => s === 'paid').length === 2 && orders.includes('declined'),
+      `"your orders" shows ${JSON.stringify(orders)}, not the two paid orders and the declined one`);
+    const others = await page.$$eval('[data-seat-id][data-status="sold"][data-mine="true"]', (b) => b.length);
+    check(others === 2, `${others} seats are marked as the buyer's paid seats, not 2`);
+  });
+
+  await step(`${width} px: every price tier is listed without hovering`, async () => {
+    const map = await service('/events/demo/seats');
+    const prices = [...new Set(map.json.seats.map((s) => s.price_cents))];
+    const listed = (await page.getByTestId('prices').textContent()) || '';
+    const money = new Intl.NumberFormat('en-US', { style: 'currency', currency: 'USD' });
+    check(prices.every((c) => listed.includes(money.format(c / 100))), `prices ${JSON.stringify(prices)}, listed: ${listed}`);
+  });
+
+  await step(`${width} px: a message stays after the map refreshes; a held or sold seat says why nothing happens`, async () => {
+    held = await holdAnAvailableSeat(page);
+    const message = page.getByTestId('seat-message');
+    const said = await message.textContent();
+    check(/held for you until/.test(said), `the hold's message: ${said}`);
+    // Another buyer's hold shows only if the map refreshed by itself.
+    const theirs = await holdAsOtherBuyer([held, paidSeat]);
+    await page.waitForSelector(`[data-testid="seat-${theirs}"][data-status="held"][data-mine="false"]`, { timeout: 15_000 });
+    check(await message.textContent() === said, `the message changed without an action: ${await message.textContent()}`);
+    await seat(page, theirs).click({ force: true }); // aria-disabled: a click still answers
+    check(/held by another buyer/.test(await message.textContent()), `a click on a held seat: ${await message.textContent()}`);
+    await seat(page, paidSeat).click({ force: true }); // aria-disabled: a click still answers
+    check(/already yours/.test(await message.textContent()), `a click on the buyer's sold seat: ${await message.textContent()}`);
+  });
+
+  await step(`${width} px: the map refreshes itself with If-None-Match, and a 304 keeps it`, async () => {
+    const from = seatMaps.length;
+    const until = Date.now() + 15_000;
+    while (!seatMaps.slice(from).some((r) => r.status === 304) && Date.now() < until) await page.waitForTimeout(250);
+    const seen = seatMaps.slice(from);
+    const notModified = seen.find((r) => r.status === 304);
+    check(notModified && notModified.ifNoneMatch, `no conditional refresh answered 304: ${JSON.stringify(seen)}`);
+    check(await page.locator('[data-testid^="seat-"][data-seat-id]').count() === 200, 'a 304 emptied the map');
+  });
+
+  await step(`${width} px: the hold counts down, with a warning in its last minute`, async () => {
+    const item = page.locator(`[data-testid="basket-item"]`).first();
+    const first = Number(await item.getAttribute('data-left-s'));
+    await page.waitForTimeout(2_100);
+    const then = Number(await item.getAttribute('data-left-s'));
+    check(then < first && first <= HOLD_TTL_SECS, `the countdown went from ${first} to ${then} s`);
+    await page.waitForSelector('[data-testid="basket-item"][data-warn="true"]', { timeout: (HOLD_TTL_SECS - 55) * 1000 });
+    check(/under a minute left/.test(await item.textContent()), `the warning: ${await item.textContent()}`);
+  });
+
+  await step(`${width} px: no developer words outside the developer log`, async () => {
+    const text = await page.evaluate(() => {
+      const copy = document.body.cloneNode(true);
+      copy.querySelectorAll('script, style, noscript, details').forEach((e) => e.remove());
+      return copy.textContent;
+    });
+    const words = text.match(/Bearer|Timeout|Idempotency|replayed|pm_card|\bkey [0-9a-f]{4}|attempt \d/gi);
+    check(!words, `the buyer's view says ${JSON.stringify(words)}`);
+    check(await page.getByTestId('developer-log').evaluate((d) => d.tagName === 'DETAILS' && !d.open), 'the developer log is not a closed <details>');
+  });
+
+  await step(`${width} px: no sideways scroll, the aisle splits rows evenly, Pay within reach`, async () => {
+    const sizes = await page.evaluate(() => ({ scroll: document.documentElement.scrollWidth, inner: window.innerWidth }));
+    check(sizes.scroll <= sizes.inner, `the page is ${sizes.scroll} px wide in a ${sizes.inner} px window`);
+    const rows = await page.$$eval('.seat-row', (lines) => lines.map((line) => {
+      const kids = [...line.children];
+      const aisle = kids.findIndex((k) => k.classList.contains('aisle'));
+      const seats = (part) => part.filter((k) => k.dataset.seatId).length;
+      return [seats(kids.slice(0, aisle)), seats(kids.slice(aisle + 1))];
+    }));
+    check(rows.every(([l, r]) => l - r === 0 || l - r === 1), `the aisle splits rows ${JSON.stringify(rows)}`);
+    await page.getByTestId('pay').scrollIntoViewIfNeeded();
+    const box = await page.getByTestId('pay').boundingBox();
+    check(box && box.x >= 0 && box.x + box.width <= sizes.inner && box.y >= 0 && box.y + box.height <= page.viewportSize().height,
+      `Pay is not in view after scrolling to it: ${JSON.stringify(box)}`);
+    check(await page.getByTestId('pay').isEnabled(), 'Pay is not enabled with a seat held');
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: join(SCREENSHOTS, `page-${width}.png`), fullPage: true });
+  });
+
+  await step(`${width} px: the buyer releases the seat`, async () => {
+    page.off('response', listen);
+    await seat(page, held).click();
+    await page.waitForSelector(`[data-testid="seat-${held}"][data-status="available"]`, { timeout: 15_000 });
+    check(/released/.test(await page.getByTestId('seat-message').textContent()), 'the release says nothing');
+  });
+}
+
 // ------------------------------------------------------------------ the run
 
 const profile = mkdtempSync(join(tmpdir(), 'stagedoor-chromium-'));
 let context;
 const consoleErrors = [];
 const watchdog = setTimeout(() => {
-  console.log('FAIL  the whole run took longer than 180 s');
+  console.log('FAIL  the whole run took longer than 300 s');
   const passedSoFar = results.filter((r) => r.outcome === 'passed').length;
   console.log(`browser: ${passedSoFar} passed, ${results.length - passedSoFar + 1} failed`);
   process.exit(1);
-}, 180_000);
+}, 300_000);
 
 try {
   context = await chromium.launchPersistentContext(profile, {
@@ -209,10 +336,18 @@ try {
     check((await sandbox('GET', '/v1/sandbox/charges')).length === 0, 'the ledger is not empty at the start');
 
     await sandbox('POST', '/v1/sandbox/faults', { latency_ms: latencyMs });
+    // Every text the outcome shows, however briefly: the slow payment's words.
+    await page.evaluate(() => {
+      const box = document.querySelector('[data-testid="outcome"]');
+      window.outcomesSeen = [];
+      new MutationObserver(() => window.outcomesSeen.push(box.textContent))
+        .observe(box, { childList: true, subtree: true, characterData: true });
+    });
     await page.getByTestId('payment-method').selectOption('pm_card_visa');
     await page.getByTestId('pay').click();
+    // The log is in the closed developer log: there, not visible.
     await page.waitForSelector('[data-testid="log-entry"][data-action="pay"][data-status="timeout"]',
-      { timeout: clientTimeoutMs + 5_000 });
+      { state: 'attached', timeout: clientTimeoutMs + 5_000 });
     await sandbox('POST', '/v1/sandbox/faults', { latency_ms: 0 });
 
     check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 30_000) === 'paid',
@@ -236,6 +371,9 @@ try {
     check(charges[0].reference === orderId, `the charge is for ${charges[0].reference}, the page shows order ${orderId}`);
     const order = await service(`/orders/${orderId}`);
     check(order.status === 200 && order.json.status === 'paid', `GET /orders/${orderId}: ${JSON.stringify(order)}`);
+    const seen = await page.evaluate(() => window.outcomesSeen);
+    check(seen.some((t) => /up to \d+ more seconds/.test(t) && /not be charged twice/.test(t)),
+      `the slow payment never said how long it may take and that it charges once: ${JSON.stringify(seen)}`);
     console.log(`      ${attempts.length} attempts, one key ${paidKey}:\n${describeLog(attempts)}`);
   });
 
@@ -250,7 +388,9 @@ try {
     await page.getByTestId('pay').click();
     check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 20_000) === 'declined',
       `the outcome is not declined: ${await outcome(page).textContent()}`);
-    check(/declined/i.test(await outcome(page).textContent()), 'the outcome does not say declined');
+    const said = await outcome(page).textContent();
+    check(/declined/i.test(said) && /Reason: \w/.test(said), `the outcome does not say declined, and why: ${said}`);
+    check(/held for you until \d{1,2}:\d{2}/.test(said), `the decline does not say until when the seats are kept: ${said}`);
     const attempts = await lastPayClick(page);
     declinedKey = attempts[0].key;
     check(attempts.every((e) => e.key === declinedKey), `one click, several keys:\n${describeLog(attempts)}`);
@@ -261,7 +401,7 @@ try {
     check(charges.filter((c) => c.status === 'declined').length === 1, `declined charges: ${JSON.stringify(charges)}`);
     check(await page.getByTestId('basket-item').count() === 1, 'a declined order did not give its hold back');
     // The page mid-checkout: a seat held by this buyer, the decline shown.
-    await page.screenshot({ path: SCREENSHOT.replace(/(\.png)?$/, '-declined.png') });
+    await page.screenshot({ path: join(SCREENSHOTS, 'declined-1280.png') });
   });
 
   await step('pressing Pay again after the decline is another click: a third key, paid', async () => {
@@ -282,9 +422,10 @@ try {
     check(charges.filter((c) => c.status === 'succeeded').length === 2, `succeeded charges: ${JSON.stringify(charges)}`);
   });
 
-  await step('the page looks right (screenshot) and logged no script errors', async () => {
-    await page.screenshot({ path: SCREENSHOT, fullPage: true });
-    console.log(`      screenshot: ${SCREENSHOT}`);
+  for (const width of [1280, 390]) await buyerView(page, width, paidSeat);
+
+  await step('the page logged no script errors', async () => {
+    console.log(`      screenshots: ${SCREENSHOTS}`);
     check(consoleErrors.length === 0, `console errors: ${consoleErrors.join(' | ')}`);
   });
 

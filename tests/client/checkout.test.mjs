@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 
-import { Click, DEFAULTS, NoAnswerError, listOrders } from '../../web/client/checkout.js';
+import { Click, DEFAULTS, NoAnswerError, listOrders, seatMap } from '../../web/client/checkout.js';
 
 const BASE = 'http://stagedoor.test/';
 const TOKEN = 'token-of-alice';
@@ -488,4 +488,29 @@ test('listOrders answers a problem as it came, and rejects when no answer comes 
   await assert.rejects(clock.run(listOrders(options)), { name: 'AbortError' });
   assert.equal(clock.now() - clock.start, 2_000);
   assert.equal(service.calls[1].url, `${BASE}orders`);
+});
+
+test('seatMap asks with If-None-Match: a 304 keeps the map shown and its etag, a 200 brings a new one', async () => {
+  const clock = fakeClock();
+  const map = { event_id: 'demo', seats: [{ seat_id: 1, label: 'A1', status: 'available', price_cents: 4500 }] };
+  const notModified = () => new Response(null, { status: 304, headers: { ETag: '"v1"' } });
+  const service = fakeService(clock, [json(200, map, { ETag: '"v1"' }), notModified, json(200, map, { ETag: '"v2"' })]);
+  const options = { token: TOKEN, baseUrl: BASE, fetch: service.fetch, now: clock.now, sleep: clock.sleep };
+  const first = await clock.run(seatMap('demo', options));
+  assert.deepEqual(first, { status: 200, body: map, etag: '"v1"' });
+  const same = await clock.run(seatMap('demo', { ...options, etag: first.etag }));
+  assert.deepEqual(same, { status: 304, body: null, etag: '"v1"' });
+  const changed = await clock.run(seatMap('demo', { ...options, etag: same.etag }));
+  assert.equal(changed.etag, '"v2"');
+  const [one, two, three] = service.calls;
+  assert.equal(one.url, `${BASE}events/demo/seats`);
+  assert.equal(one.headers.get('If-None-Match'), null, 'nothing shown yet, nothing to match');
+  assert.equal(two.headers.get('If-None-Match'), '"v1"');
+  assert.equal(three.headers.get('If-None-Match'), '"v1"');
+  for (const call of service.calls) {
+    assert.equal(call.init.method, 'GET');
+    assert.equal(call.init.cache, 'no-store', 'the browser cache must not answer for the service');
+    assert.equal(call.headers.get('Authorization'), `Bearer ${TOKEN}`);
+    assert.equal(call.headers.get('Idempotency-Key'), null, 'a read needs no key');
+  }
 });

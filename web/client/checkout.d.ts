@@ -160,6 +160,19 @@ export interface ListOrdersOptions
  */
 export function listOrders(options: ListOrdersOptions): Promise<{ status: number; body: OrderPage | Problem | null }>;
 
+export interface SeatMapOptions
+  extends Pick<ClickOptions, 'token' | 'baseUrl' | 'timeoutMs' | 'fetch' | 'now' | 'sleep'> {
+  /** The `ETag` of the map shown: sent as `If-None-Match`. */
+  etag?: string | null;
+}
+
+/**
+ * `GET /events/{eventId}/seats`, conditionally: a 304 (body null) means the
+ * map shown is still the map, and keeps its `etag`; a 200 brings the map and
+ * its new `etag`. One request, no key; rejects only when no answer comes.
+ */
+export function seatMap(eventId: string, options: SeatMapOptions): Promise<{ status: number; body: unknown; etag: string | null }>;
+
 /**
  * No answer before the deadline or the attempt cap: the work may still have
  * been done. Resume the same click (same key), never a new one.

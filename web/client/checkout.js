@@ -187,16 +187,48 @@ export async function listOrders(options) {
   const url = new URL('orders', o.baseUrl);
   if (limit !== undefined && limit !== null) url.searchParams.set('limit', String(limit));
   if (after) url.searchParams.set('after', after);
+  const { status, body } = await read(o, url, {});
+  return { status, body };
+}
+
+/**
+ * `GET /events/{eventId}/seats`: the seat map, conditionally. Pass the
+ * `etag` of the map you show, and an unchanged map costs a `304` with no
+ * body: the answer is then `{ status: 304, body: null, etag }` (the same
+ * etag), and the map you show is still the map. A 200 brings the map and its
+ * new `etag`. A read like {@link listOrders}: no key, one request, rejects
+ * only when no answer comes within `timeoutMs`, and is safe to call again
+ * (a page polls it).
+ *
+ *     let shown = await seatMap('demo', { token });
+ *     const again = await seatMap('demo', { token, etag: shown.etag });
+ *     if (again.status === 200) shown = again;
+ *
+ * @param {string} eventId the event
+ * @param {object} options the buyer's `token`, the `etag` of the map shown, and `baseUrl`, `timeoutMs`, `fetch` as for a Click
+ */
+export async function seatMap(eventId, options) {
+  const { etag, ...rest } = options ?? {};
+  const o = configure(rest);
+  const url = new URL(`events/${encodeURIComponent(eventId)}/seats`, o.baseUrl);
+  const answer = await read(o, url, etag ? { 'If-None-Match': etag } : {});
+  return { ...answer, etag: answer.status === 304 ? etag : answer.etag };
+}
+
+/** One GET, bounded by `timeoutMs` (the body read included): `{ status, body, etag }`. */
+async function read(o, url, headers) {
   const timeout = new AbortController();
   const finished = new AbortController();
   o.sleep(o.timeoutMs, finished.signal).then(() => timeout.abort(), () => {});
   try {
+    // `no-store`: the browser's cache must neither answer for the service
+    // nor turn its 304 into a 200, so the caller sees what the service said.
     const response = await o.fetch(url.href, {
-      method: 'GET', headers: { Authorization: bearer(o) }, signal: timeout.signal,
+      method: 'GET', headers: { ...headers, Authorization: bearer(o) }, signal: timeout.signal,
       cache: 'no-store', credentials: 'omit',
     });
     const text = await response.text();
-    return { status: response.status, body: parseBody(text, response) };
+    return { status: response.status, body: parseBody(text, response), etag: response.headers.get('ETag') };
   } finally {
     finished.abort();
   }
