@@ -1,9 +1,10 @@
 //! CORS for the buyer's browser: only the origins in
 //! `http.cors_origins` may call the API from a page of their own, with the
 //! request headers a checkout needs (`Prefer` too, so that a retry may wait
-//! for an earlier attempt's answer; `traceparent` and `tracestate`, so that
-//! the shop page's trace goes on here), and they may read the response headers
-//! a retrying client acts on. The same goes for importing `/client/checkout.js`:
+//! for an earlier attempt's answer; `If-None-Match`, so that a page polling
+//! the seat map gets a 304 when nothing changed; `traceparent` and
+//! `tracestate`, so that the shop page's trace goes on here), and they may
+//! read the response headers a retrying or polling client acts on. The same goes for importing `/client/checkout.js`:
 //! a module script is fetched in CORS mode.
 //!
 //! Preflights are answered here, before routing and before authentication: a
@@ -33,9 +34,16 @@ pub fn cors(origins: &[String]) -> Cors {
             "Content-Type",
             "Idempotency-Key",
             "Prefer",
+            "If-None-Match",
             "traceparent",
             "tracestate",
         ])
-        .expose_headers(["Location", "Retry-After", REPLAYED, "Preference-Applied"])
+        .expose_headers([
+            "Location",
+            "Retry-After",
+            REPLAYED,
+            "Preference-Applied",
+            "ETag",
+        ])
         .max_age(PREFLIGHT_MAX_AGE_SECS)
 }

@@ -67,6 +67,7 @@ async fn a_preflight_from_an_allowed_origin_is_answered_without_a_token() {
             "content-type",
             "idempotency-key",
             "prefer",
+            "if-none-match",
             "traceparent",
             "tracestate",
         ] {
@@ -115,6 +116,7 @@ async fn a_replayed_order_to_an_allowed_origin_exposes_the_headers_a_client_acts
         "retry-after",
         "idempotent-replayed",
         "preference-applied",
+        "etag",
     ] {
         assert!(
             exposed.iter().any(|h| h == wanted),
