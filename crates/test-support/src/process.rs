@@ -17,6 +17,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::process::Child;
@@ -25,13 +26,30 @@ use tokio::process::Child;
 const LOG_TAIL_LINES: usize = 40;
 const HEALTH_POLL: Duration = Duration::from_millis(50);
 
-/// A port of 127.0.0.1 that nobody listens on right now (the OS picks it;
-/// someone may take it before it is used, as with any such port).
+/// Where [`free_port`] hands ports out: below Linux's ephemeral range
+/// (32768–60999), from which every `bind(…:0)` and every outgoing
+/// connection's own port is drawn. A port the OS picked could be taken by
+/// any of the test's many connections before it is used; one from here is
+/// taken only by another `free_port`.
+const HANDED_OUT: std::ops::Range<u16> = 20_000..32_000;
+/// The ports this process has handed out so far.
+static HANDED: AtomicU32 = AtomicU32::new(0);
+
+/// A port of 127.0.0.1 that nobody listens on right now, for a server
+/// that must be told its address before it starts. Each process walks
+/// [`HANDED_OUT`] from a place of its own, so that two callers in one
+/// process never get the same port, and two processes seldom try one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
+    let span = u32::from(HANDED_OUT.end - HANDED_OUT.start);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let offset = (start + HANDED.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = HANDED_OUT.start + offset as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port of 127.0.0.1 in {HANDED_OUT:?}")
 }
 
 /// What to run, and where it answers. Cheap to clone and to start again
