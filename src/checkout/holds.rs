@@ -143,14 +143,17 @@ pub async fn release(
     let statement = client
         .prepare_cached(
             "DELETE FROM holds WHERE hold_id = $1 AND user_id = $2 AND order_id IS NULL
-             RETURNING expires_at > now() AS live",
+             RETURNING expires_at",
         )
         .await?;
     let Some(row) = client.query_opt(&statement, &[&hold_id, &buyer]).await? else {
         return Ok(false);
     };
-    // A hold that had expired already ended then, and was counted so.
-    if row.try_get("live")? {
+    // A hold that had expired already ended then, and was counted so. (The
+    // clock compared with is this instance's: Citus runs no `now()` in a
+    // modification's RETURNING.)
+    let expires_at: SystemTime = row.try_get("expires_at")?;
+    if expires_at > SystemTime::now() {
         ended(HowEnded::Released, 1);
     }
     Ok(true)

@@ -166,7 +166,8 @@ async fn the_seat_map_reads_no_other_events_holds() {
     assert!(
         ["holds_live_by_buyer_idx", "holds_unordered_expiry_idx"]
             .iter()
-            .any(|index| plan.contains(&format!("using {index} on holds"))),
+            // (On Citus each name carries its shard's suffix.)
+            .any(|index| plan.contains(&format!("using {index}"))),
         "{plan}"
     );
 }
