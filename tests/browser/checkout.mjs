@@ -175,6 +175,11 @@ async function buyerView(page, width, paidSeat) {
     const orders = await page.getByTestId('order').evaluateAll((items) => items.map((li) => li.dataset.status));
     check(orders.filter((s) => s === 'paid').length === 2 && orders.includes('declined'),
       `"your orders" shows ${JSON.stringify(orders)}, not the two paid orders and the declined one`);
+    // The map may be up to a second behind another change (its snapshot's
+    // age): the seat paid just before the reload shows by the next poll.
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-seat-id][data-status="sold"][data-mine="true"]').length >= 2,
+      null, { timeout: 15_000 }).catch(() => {});
     const others = await page.$$eval('[data-seat-id][data-status="sold"][data-mine="true"]', (b) => b.length);
     check(others === 2, `${others} seats are marked as the buyer's paid seats, not 2`);
   });
