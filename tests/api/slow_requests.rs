@@ -109,10 +109,9 @@ async fn a_stalled_head_is_answered_408_or_closed() {
     );
 }
 
-#[tokio::test]
-async fn the_next_head_on_a_reused_connection_cannot_stall_for_ever() {
-    let app = slow_app().await;
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", app.port))
+/// A connection that has had one request answered and is kept open.
+async fn answered_connection(port: u16) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
     stream
@@ -126,6 +125,13 @@ async fn the_next_head_on_a_reused_connection_cannot_stall_for_ever() {
         assert!(n > 0, "closed before the first answer");
         first.extend_from_slice(&buf[..n]);
     }
+    stream
+}
+
+#[tokio::test]
+async fn the_next_head_on_a_reused_connection_cannot_stall_for_ever() {
+    let app = slow_app().await;
+    let mut stream = answered_connection(app.port).await;
     // The connection is kept open; the next head starts, then stalls.
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHo")
@@ -197,20 +203,7 @@ async fn a_slow_head_leaves_its_body_only_the_rest_of_the_requests_time() {
         "a new connection: 408 {took:?} after the first byte, for 6 s"
     );
 
-    let mut reused = tokio::net::TcpStream::connect(("127.0.0.1", app.port))
-        .await
-        .expect("connect");
-    reused
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .expect("write");
-    let mut first = Vec::new();
-    while !String::from_utf8_lossy(&first).ends_with(r#"{"status":"ok"}"#) {
-        let mut buf = [0u8; 1024];
-        let n = reused.read(&mut buf).await.expect("the first answer");
-        assert!(n > 0, "closed before the first answer");
-        first.extend_from_slice(&buf[..n]);
-    }
+    let mut reused = answered_connection(app.port).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (took, answer) = slow_head_then_stalled_body(&app, holds[1], &mut reused).await;
     assert_408(&answer, "a reused connection");
