@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::problem::Problem;
 use super::{body, cursor, idempotent, AppState, Buyer};
-use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
+use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus, Reason};
 use crate::telemetry;
 
 /// `GET /orders` without `limit`.
@@ -108,12 +108,23 @@ pub async fn create(
 }
 
 /// How an order is answered to the click that made it, once it has an
-/// outcome: 201 with the order and its `Location`, 402 `payment-declined`,
-/// or 402 `payment-failed` for an order Payrail never decided.
-pub fn answer(order: &Order) -> StoredResponse {
+/// outcome: 201 with the order and its `Location`, 402 `payment-declined`
+/// (with Payrail's reason when it was heard), or 402 `payment-failed` for
+/// an order Payrail never decided.
+pub fn answer(order: &Order, reason: Reason) -> StoredResponse {
     let order_id = order.order_id;
     match order.status {
-        OrderStatus::Declined => return Problem::PaymentDeclined { order_id }.to_response(),
+        OrderStatus::Declined => {
+            let decline_code = match reason {
+                Reason::None | Reason::Unknown => None,
+                said => Some(crate::observe::Label::as_str(said)),
+            };
+            return Problem::PaymentDeclined {
+                order_id,
+                decline_code,
+            }
+            .to_response();
+        }
         OrderStatus::Failed => return Problem::PaymentFailed { order_id }.to_response(),
         OrderStatus::PaymentPending | OrderStatus::Paid => {}
     }

@@ -83,7 +83,12 @@ pub enum Problem {
     InvalidOrder(&'static str),
     /// 402 `payment-declined`; the holds stay the buyer's until they expire.
     #[error("the payment was declined; your holds are kept until they expire")]
-    PaymentDeclined { order_id: Uuid },
+    PaymentDeclined {
+        order_id: Uuid,
+        /// Payrail's `decline_code`, bounded to the codes the service
+        /// knows (`other` for the rest); `None` when it was not heard.
+        decline_code: Option<&'static str>,
+    },
     /// 402 `payment-failed`: Payrail never decided the charge, so it was
     /// canceled there; the holds are given back.
     #[error("the payment could not be completed and was canceled; nothing was charged")]
@@ -135,6 +140,12 @@ pub struct ProblemDetails {
     /// The declined or failed order (`payment-declined`, `payment-failed` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     order_id: Option<Uuid>,
+    /// Why Payrail declined the card (`payment-declined` only, when Payrail
+    /// said why): `card_declined`, `insufficient_funds`, `expired_card`,
+    /// `incorrect_cvc`, `lost_card`, `stolen_card`, or `other`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "insufficient_funds")]
+    decline_code: Option<&'static str>,
 }
 
 /// A problem type: what a client tells apart by `type`. Several `Problem`s
@@ -558,9 +569,13 @@ impl Problem {
             status: status.as_u16(),
             detail: self.to_string(),
             order_id: match self {
-                Problem::PaymentDeclined { order_id } | Problem::PaymentFailed { order_id } => {
+                Problem::PaymentDeclined { order_id, .. } | Problem::PaymentFailed { order_id } => {
                     Some(*order_id)
                 }
+                _ => None,
+            },
+            decline_code: match self {
+                Problem::PaymentDeclined { decline_code, .. } => *decline_code,
                 _ => None,
             },
         };
@@ -791,6 +806,7 @@ mod tests {
         documented.sort_unstable();
         let declined = Problem::PaymentDeclined {
             order_id: Uuid::nil(),
+            decline_code: Some("card_declined"),
         };
         let body: serde_json::Value = serde_json::from_slice(&declined.to_response().body).unwrap();
         let mut sent: Vec<&str> = body
@@ -803,6 +819,7 @@ mod tests {
         assert_eq!(documented, sent);
         let required: Vec<&str> = schema.required.iter().map(String::as_str).collect();
         assert!(!required.contains(&"order_id"), "{required:?}");
+        assert!(!required.contains(&"decline_code"), "{required:?}");
     }
 
     #[test]
@@ -818,7 +835,10 @@ mod tests {
             },
             Problem::RateLimited { retry_after },
             Problem::HoldUnavailable,
-            Problem::PaymentDeclined { order_id },
+            Problem::PaymentDeclined {
+                order_id,
+                decline_code: None,
+            },
             Problem::PaymentFailed { order_id },
             Problem::PaymentUnavailable { retry_after },
             Problem::NotReady,
@@ -849,7 +869,10 @@ mod tests {
     fn a_stored_problem_tells_its_slug_and_order() {
         let order_id = Uuid::new_v4();
         for problem in [
-            Problem::PaymentDeclined { order_id },
+            Problem::PaymentDeclined {
+                order_id,
+                decline_code: Some("other"),
+            },
             Problem::HoldUnavailable,
             Problem::KeyReused,
         ] {

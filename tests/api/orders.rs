@@ -76,6 +76,8 @@ async fn a_declined_card_is_402_and_gives_the_holds_back_for_another_click() {
     .await;
     assert_eq!(declined.status, 402);
     assert_eq!(declined.problem(), "payment-declined");
+    // Why, as Payrail said it: what the buyer's page shows.
+    assert_eq!(declined.json()["decline_code"], "card_declined");
     let declined_order = declined.json()["order_id"].as_str().unwrap().to_owned();
     let order = Seen::of(app.get_order("alice", &declined_order).await).await;
     assert_eq!(order.json()["status"], "declined");

@@ -394,7 +394,8 @@ try {
     check(await waitForOutcome(page, ['paid', 'declined', 'error', 'unknown'], 20_000) === 'declined',
       `the outcome is not declined: ${await outcome(page).textContent()}`);
     const said = await outcome(page).textContent();
-    check(/declined/i.test(said) && /Reason: \w/.test(said), `the outcome does not say declined, and why: ${said}`);
+    check(/declined/i.test(said) && /Reason: the bank declined the card\./.test(said),
+      `the outcome does not say declined, and Payrail's reason: ${said}`);
     check(/held for you until \d{1,2}:\d{2}/.test(said), `the decline does not say until when the seats are kept: ${said}`);
     const attempts = await lastPayClick(page);
     declinedKey = attempts[0].key;

@@ -8,6 +8,12 @@ export interface Problem {
   title: string;
   status: number;
   detail?: string;
+  /** A 402's order. */
+  order_id?: string;
+  /** A `payment-declined`'s reason, when Payrail said it: `card_declined`,
+   * `insufficient_funds`, `expired_card`, `incorrect_cvc`, `lost_card`,
+   * `stolen_card` or `other`. */
+  decline_code?: string;
   [member: string]: unknown;
 }
 

@@ -32,7 +32,7 @@ use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
 pub use place::Click;
-pub use settle::{record_decision, Settlement, METRICS};
+pub use settle::{record_decision, Reason, Settlement, METRICS};
 pub use status::{OrderStatus, PaymentMethod};
 
 /// When the effect an idempotency key links is still settling, for the key
@@ -63,9 +63,10 @@ pub const CURRENCY: &str = "USD";
 const MAX_HOLDS: usize = 50;
 
 /// How an order is answered to the click that made it (201 with the order,
-/// 402 for a declined card): the HTTP layer's to say, handed in so that the
-/// answer can be stored in the same transaction as the settlement.
-pub type Answer = fn(&Order) -> StoredResponse;
+/// 402 for a declined card, with why when this settlement heard it): the
+/// HTTP layer's to say, handed in so that the answer can be stored in the
+/// same transaction as the settlement.
+pub type Answer = fn(&Order, Reason) -> StoredResponse;
 
 /// An order as asked for, checked: at least one hold, none twice, a payment
 /// method of the right form.

@@ -13,7 +13,7 @@ use idempotency::{Claim, Done, Fence, Opening, OpeningStep};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{settle, NewOrder, Order, OrderStatus, Orders, CURRENCY};
+use super::{settle, NewOrder, Order, OrderStatus, Orders, Reason, CURRENCY};
 use crate::checkout::CheckoutError;
 
 /// A click's order as asked, before its key is claimed: the order's id and
@@ -66,8 +66,9 @@ impl Orders {
             },
         };
         if order.status != OrderStatus::PaymentPending {
-            // Settled already (by reconciliation): nothing left to make.
-            return Ok(Done::Answer((self.answer)(&order)));
+            // Settled already (by reconciliation): nothing left to make,
+            // and Payrail's reason for a decline was heard there.
+            return Ok(Done::Answer((self.answer)(&order, Reason::Unknown)));
         }
         let outcome = self
             .payrail

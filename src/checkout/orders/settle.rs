@@ -46,7 +46,8 @@ labels! {
         StolenCard = "stolen_card",
         /// A code not listed here.
         Other = "other",
-        /// No code was said: the decline came by Payrail's event.
+        /// No code was heard: the decline came by Payrail's event, or
+        /// another settlement heard it.
         Unknown = "unknown",
     }
 }
@@ -114,7 +115,7 @@ pub(super) async fn claimed(
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
-    let answer = (orders.answer)(&order);
+    let answer = (orders.answer)(&order, Reason::of(outcome));
     let client = orders.pool.get().await?;
     let (fence, row) = claim
         .store_with(
@@ -141,7 +142,7 @@ pub(super) async fn claimed(
             // Being canceled: its answer is stored when Payrail confirms.
             return Err(CheckoutError::Canceling);
         }
-        return Ok(Done::Stored((orders.answer)(&settled)));
+        return Ok(Done::Stored((orders.answer)(&settled, Reason::Unknown)));
     }
     Ok(match fence {
         Fence::Held => Done::Stored(answer),
@@ -227,7 +228,7 @@ impl Orders {
             &order.user_id,
             &order.idempotency_key,
             &order_id.to_string(),
-            &(self.answer)(&order),
+            &(self.answer)(&order, reason),
         )
         .await?;
         tx.commit().await?;
