@@ -257,14 +257,21 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         .with_settling(orders::SETTLING)
         .on_outcome(observe::idempotency)
         .on_wait(observe::idempotency_wait);
+    // The listeners' own connections, outside the pool (and without the
+    // pool's session options).
+    let (listen, tls) = db::target(&settings.database)?;
     let cache_mb = settings.idempotency.answer_cache_mb;
     if cache_mb > 0 {
-        // The listener's own connection, outside the pool (and without the
-        // pool's session options).
-        let (listen, tls) = db::target(&settings.database)?;
-        let cache = AnswerCache::start(cache_mb << 20, listen, tls, observe::answer_cache_event);
+        let cache = AnswerCache::start(
+            cache_mb << 20,
+            listen.clone(),
+            tls.clone(),
+            observe::answer_cache_event,
+        );
         engine = engine.with_answer_cache(cache);
     }
+    let seat_maps = SeatMaps::default();
+    seat_maps.listen(listen, tls);
     let webhook_secret = &settings.payrail.webhook_secret;
     let events = (!webhook_secret.expose_secret().is_empty()).then(|| PayrailEvents {
         verifier: payrail::Verifier::new(
@@ -276,7 +283,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     Ok(AppState {
         engine,
         orders: Orders::new(pool.clone(), payrail, http::order_answer),
-        seat_maps: SeatMaps::default(),
+        seat_maps,
         limit,
         readiness: Readiness::new(pool.clone()),
         pool,

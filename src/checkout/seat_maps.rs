@@ -7,14 +7,21 @@
 //! of their own: a crowd costs one map statement per event and instance
 //! each [`MAX_AGE`], whatever its size.
 //!
-//! The caller's own holds are exact on every view, on any instance: each
-//! view reads them (one probe of the buyer's index of live holds, a few
-//! rows) and lays them over the snapshot. A buyer with none of the event's
+//! The caller's own holds are exact on every view. The snapshot knows
+//! every live hold's holder, and a view takes the caller's from it, with
+//! no statement, unless the caller's holds changed since the snapshot was
+//! read: then it reads them (one probe of the buyer's index of live holds).
+//! A change made through this instance is known at once; one made through
+//! another is heard on [`CHANNEL`], which each instance listens on (its own
+//! connection) and whoever changes a buyer's holds notifies. While that
+//! connection is not listening, or for a snapshot read before it listened,
+//! every view reads the caller's holds. A buyer with none of the event's
 //! holds, the crowd, gets the snapshot's own bytes, serialized, hashed and
 //! compressed once per snapshot.
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -25,7 +32,7 @@ use flate2::Compression;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::seats::{self, SeatMap};
+use super::seats::{self, SeatMap, YourHold};
 use crate::auth::BuyerId;
 use crate::db::DbError;
 
@@ -45,10 +52,73 @@ const MIN_AGE: Duration = Duration::from_millis(100);
 const KEPT: usize = 64;
 const FORGOTTEN: Duration = Duration::from_secs(60);
 
-/// The seat maps of this instance; see the module documentation.
+/// The channel on which a change of a buyer's holds is told to every
+/// instance; its payload is a token of the notice, a space, and the
+/// buyer's id.
+pub const CHANNEL: &str = "stagedoor_holds";
+
+/// The longest a change waits for this instance to hear its own notice.
+const HEARD_WITHIN: Duration = Duration::from_millis(100);
+
+/// The seat maps of this instance; see the module documentation. Without
+/// [`SeatMaps::listen`] every view reads the caller's own holds.
 #[derive(Default)]
-pub struct SeatMaps {
+pub struct SeatMaps(Arc<Inner>);
+
+struct Inner {
     events: Mutex<HashMap<String, Arc<Slot>>>,
+    changes: Mutex<Changes>,
+    /// Since when [`CHANNEL`] has been listened on without a break; `None`
+    /// while it is not.
+    listening_since: Mutex<Option<Instant>>,
+    /// This instance's notices not yet heard back, by token.
+    waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
+    /// What this instance's tokens start with: its own, among all.
+    instance: uuid::Uuid,
+    sent: AtomicU64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            events: Mutex::default(),
+            changes: Mutex::default(),
+            listening_since: Mutex::default(),
+            waiting: Mutex::default(),
+            instance: uuid::Uuid::new_v4(),
+            sent: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The buyers whose holds changed lately, with when this instance learned
+/// it, in two generations of [`MAX_AGE`]: a change learned longer ago than
+/// that is older than every snapshot still served, so it is forgotten.
+#[derive(Default)]
+struct Changes {
+    current: HashMap<String, Instant>,
+    previous: HashMap<String, Instant>,
+    current_since: Option<Instant>,
+}
+
+impl Changes {
+    fn note(&mut self, buyer: &str, at: Instant) {
+        if self
+            .current_since
+            .is_none_or(|since| at.saturating_duration_since(since) >= MAX_AGE)
+        {
+            self.previous = std::mem::take(&mut self.current);
+            self.current_since = Some(at);
+        }
+        self.current.insert(buyer.to_owned(), at);
+    }
+
+    fn last(&self, buyer: &str) -> Option<Instant> {
+        self.current
+            .get(buyer)
+            .or_else(|| self.previous.get(buyer))
+            .copied()
+    }
 }
 
 #[derive(Default)]
@@ -62,6 +132,10 @@ struct Snapshot {
     seats: Vec<seats::Seat>,
     /// The map of a buyer with no hold of the event.
     shared: Arc<MapBody>,
+    /// Each holder's live unordered holds, by seat, and when each expires.
+    holds: HashMap<String, Vec<(i64, YourHold, Instant)>>,
+    /// When its statement was sent: every change committed before is in it.
+    sent: Instant,
     valid_until: Instant,
 }
 
@@ -102,6 +176,52 @@ impl MapBody {
 }
 
 impl SeatMaps {
+    /// Listens on [`CHANNEL`] over a connection of its own to `config`'s
+    /// database, for as long as these maps live.
+    pub fn listen<T>(&self, config: tokio_postgres::Config, tls: T)
+    where
+        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Clone + Send + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+    {
+        idempotency::listen::spawn(
+            &self.0,
+            CHANNEL,
+            config,
+            tls,
+            "stagedoor-holds-listener",
+            "seat maps: the holds listener lost; reading each caller's holds on every view",
+        );
+    }
+
+    /// The buyer's holds just changed (a hold made or released, an order
+    /// placed), committed: this instance's next views of any map read
+    /// them, and so do every other instance's once it hears the notice sent
+    /// here. PostgreSQL hands a notice to every listener at once, so this
+    /// returns once this instance's own listener heard it (or after
+    /// [`HEARD_WITHIN`]): by the time the buyer has the answer and asks
+    /// another instance for the map, that one has heard it too.
+    pub async fn changed(&self, pool: &Pool, buyer: &BuyerId) {
+        self.0.changed(buyer.as_str());
+        let (token, heard) = self.0.expect_notice();
+        let told = async {
+            let client = pool.get().await?;
+            let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
+            let payload = format!("{token} {}", buyer.as_str());
+            client.execute(&statement, &[&CHANNEL, &payload]).await?;
+            Ok::<_, DbError>(())
+        };
+        if let Err(error) = told.await {
+            tracing::warn!(%error, "seat maps: a change of a buyer's holds could not be told to the other instances");
+        } else if let Some(heard) = heard {
+            // Not heard in time: the other instances still show the change
+            // with their next snapshot, within a second.
+            let _ = tokio::time::timeout(HEARD_WITHIN, heard).await;
+        }
+        self.0.waiting().remove(&token);
+    }
+
     /// The map of `event_id` as `buyer` sees it, or `None` when there is
     /// no such event.
     pub async fn view(
@@ -118,9 +238,23 @@ impl SeatMaps {
         let Some(snapshot) = self.snapshot(pool, event_id).await? else {
             return Ok(None);
         };
-        let client = pool.get().await?;
-        let own = seats::own_holds(&client, event_id, buyer).await?;
-        drop(client);
+        let own = if self.0.knows(buyer.as_str(), snapshot.sent) {
+            let now = Instant::now();
+            snapshot
+                .holds
+                .get(buyer.as_str())
+                .map(|holds| {
+                    holds
+                        .iter()
+                        .filter(|(_, _, expires)| *expires > now)
+                        .map(|(seat_id, hold, _)| (*seat_id, hold.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            let client = pool.get().await?;
+            seats::own_holds(&client, event_id, buyer).await?
+        };
         if own.is_empty() {
             return Ok(Some(snapshot.shared.clone()));
         }
@@ -157,7 +291,7 @@ impl SeatMaps {
         let client = pool.get().await?;
         let Some(read) = seats::read_map(&client, event_id).await? else {
             drop(client);
-            self.lock().remove(event_id);
+            self.0.events().remove(event_id);
             return Ok(None);
         };
         drop(client);
@@ -167,7 +301,20 @@ impl SeatMaps {
             .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or_default())
             .min()
             .map_or(MAX_AGE, |life| life.clamp(MIN_AGE, MAX_AGE));
-        let seats: Vec<seats::Seat> = read.into_iter().map(|s| s.seat).collect();
+        let mut holds: HashMap<String, Vec<(i64, YourHold, Instant)>> = HashMap::new();
+        let mut seats = Vec::with_capacity(read.len());
+        for read in read {
+            if let (Some(holder), Some(hold), Some(life)) =
+                (read.holder, read.hold, read.expires_in)
+            {
+                let life = Duration::try_from_secs_f64(life).unwrap_or_default();
+                holds
+                    .entry(holder)
+                    .or_default()
+                    .push((read.seat.seat_id, hold, sent + life));
+            }
+            seats.push(read.seat);
+        }
         let shared = Arc::new(MapBody::of(&SeatMap {
             event_id: event_id.to_owned(),
             seats: seats.clone(),
@@ -175,6 +322,8 @@ impl SeatMaps {
         let snapshot = Arc::new(Snapshot {
             seats,
             shared,
+            holds,
+            sent,
             valid_until: sent + first_expiry,
         });
         *slot.lock() = Some(snapshot.clone());
@@ -182,7 +331,7 @@ impl SeatMaps {
     }
 
     fn slot(&self, event_id: &str) -> Arc<Slot> {
-        let mut events = self.lock();
+        let mut events = self.0.events();
         if let Some(slot) = events.get(event_id) {
             return slot.clone();
         }
@@ -198,10 +347,71 @@ impl SeatMaps {
         events.insert(event_id.to_owned(), slot.clone());
         slot
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
-        // The map stays whole whatever panicked while holding it.
+impl Inner {
+    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+        // Each map stays whole whatever panicked while holding it.
         self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn changes(&self) -> std::sync::MutexGuard<'_, Changes> {
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn listening_since(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.listening_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, tokio::sync::oneshot::Sender<()>>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn changed(&self, buyer: &str) {
+        self.changes().note(buyer, Instant::now());
+    }
+
+    /// A token for a notice about to be sent, and what tells when this
+    /// instance heard it back: `None` while nothing listens here.
+    fn expect_notice(&self) -> (String, Option<tokio::sync::oneshot::Receiver<()>>) {
+        let token = format!(
+            "{}.{}",
+            self.instance.simple(),
+            self.sent.fetch_add(1, Ordering::Relaxed)
+        );
+        if self.listening_since().is_none() {
+            return (token, None);
+        }
+        let (heard, hearing) = tokio::sync::oneshot::channel();
+        self.waiting().insert(token.clone(), heard);
+        (token, Some(hearing))
+    }
+
+    /// Whether a snapshot read at `sent` has every live hold of `buyer`:
+    /// nothing of theirs changed since, as far as this instance can know.
+    fn knows(&self, buyer: &str, sent: Instant) -> bool {
+        self.listening_since().is_some_and(|since| since <= sent)
+            && self.changes().last(buyer).is_none_or(|at| at < sent)
+    }
+}
+
+impl idempotency::listen::Listener for Inner {
+    fn listening(&self, now: bool) {
+        *self.listening_since() = now.then(Instant::now);
+    }
+
+    fn notice(&self, payload: &str) {
+        let Some((token, buyer)) = payload.split_once(' ') else {
+            return;
+        };
+        self.changed(buyer);
+        if let Some(heard) = self.waiting().remove(token) {
+            let _ = heard.send(());
+        }
     }
 }
 

@@ -65,15 +65,19 @@ pub struct SeedSummary {
 /// distributed database would mean asking every shard. `expires_in` is the
 /// life left of an unordered hold, in seconds of the database's clock: the
 /// snapshot is not kept past the first expiry, which changes the map with
-/// no statement.
+/// no statement. `holder`, `hold_id` and `expires_at` name such a hold's
+/// buyer and the hold, so that its holder's view needs no statement.
 pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
         CASE WHEN h.sold THEN 'sold'
              WHEN h.hold_id IS NOT NULL THEN 'held'
              ELSE 'available' END AS status,
         CASE WHEN h.hold_id IS NOT NULL AND h.order_id IS NULL
-             THEN extract(epoch FROM h.expires_at - now())::float8 END AS expires_in
+             THEN extract(epoch FROM h.expires_at - now())::float8 END AS expires_in,
+        CASE WHEN h.order_id IS NULL THEN h.user_id END AS holder,
+        CASE WHEN h.order_id IS NULL THEN h.hold_id END AS hold_id,
+        CASE WHEN h.order_id IS NULL THEN h.expires_at END AS expires_at
  FROM seats s
- LEFT JOIN LATERAL (SELECT hold_id, order_id, sold, expires_at FROM holds
+ LEFT JOIN LATERAL (SELECT hold_id, user_id, order_id, sold, expires_at FROM holds
                     WHERE holds.seat_id = s.seat_id
                       AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                     LIMIT 1) h ON true
@@ -90,11 +94,13 @@ pub const OWN_HOLDS_STATEMENT: &str = "SELECT h.seat_id, h.hold_id, h.expires_at
  WHERE h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
    AND s.event_id = $2";
 
-/// A seat as the snapshot has it, and when its unordered hold (if any)
-/// expires, in seconds from the read.
+/// A seat as the snapshot has it, and its unordered hold (if any): when it
+/// expires, in seconds from the read, and whose it is.
 pub(crate) struct ReadSeat {
     pub seat: Seat,
     pub expires_in: Option<f64>,
+    pub holder: Option<String>,
+    pub hold: Option<YourHold>,
 }
 
 /// Every seat of the event as everyone sees it (`your_hold` empty), or
@@ -124,6 +130,8 @@ pub(crate) async fn read_map(
                 your_hold: None,
             },
             expires_in: row.try_get("expires_in")?,
+            holder: row.try_get("holder")?,
+            hold: your_hold(&row)?,
         });
     }
     Ok(Some(seats))
@@ -141,15 +149,24 @@ pub(crate) async fn own_holds(
         .await?;
     let mut holds = Vec::with_capacity(rows.len());
     for row in rows {
-        holds.push((
-            row.try_get("seat_id")?,
-            YourHold {
-                hold_id: row.try_get("hold_id")?,
-                expires_at: super::rfc3339(row.try_get("expires_at")?),
-            },
-        ));
+        if let Some(hold) = your_hold(&row)? {
+            holds.push((row.try_get("seat_id")?, hold));
+        }
     }
     Ok(holds)
+}
+
+/// The row's `hold_id` and `expires_at` as a hold of its buyer's, if it
+/// names one.
+fn your_hold(row: &tokio_postgres::Row) -> Result<Option<YourHold>, DbError> {
+    let hold_id: Option<i64> = row.try_get("hold_id")?;
+    let expires_at: Option<time::OffsetDateTime> = row.try_get("expires_at")?;
+    Ok(hold_id
+        .zip(expires_at)
+        .map(|(hold_id, expires_at)| YourHold {
+            hold_id,
+            expires_at: super::rfc3339(expires_at),
+        }))
 }
 
 async fn event_exists(client: &impl GenericClient, event_id: &str) -> Result<bool, DbError> {

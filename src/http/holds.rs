@@ -4,7 +4,7 @@ use serde::Deserialize;
 use idempotency::StoredResponse;
 
 use super::problem::Problem;
-use super::{body, idempotent, AppState, Buyer};
+use super::{body, idempotent, seats, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -56,21 +56,40 @@ pub async fn create(
     let key = idempotent::key(&req)?;
     let bytes = body::read(&req, payload, &state).await?;
     let request: HoldRequest = body::json(&bytes)?;
-    let Some(key) = key else {
-        // Every unkeyed hold is a new intent: limited like a new key.
-        state
-            .limit
-            .take(buyer.0.as_str())
-            .map_err(|retry_after| Problem::RateLimited { retry_after })?;
-        let client = state.pool.get().await?;
-        let hold = holds::place(&client, buyer.0.as_str(), request.seat_id, state.holds).await?;
-        return Ok(idempotency::actix::response_of(&answer(&hold), false));
+    let answered = match key {
+        Some(key) => {
+            let (pool, policy) = (&state.pool, state.holds);
+            idempotent::run(
+                &state,
+                &buyer.0,
+                key,
+                (&req, &bytes),
+                None,
+                |claim| async move {
+                    holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await
+                },
+            )
+            .await
+        }
+        None => place_unkeyed(&state, &buyer, request.seat_id).await,
     };
-    let (pool, policy) = (&state.pool, state.holds);
-    idempotent::run(&state, &buyer.0, key, (&req, &bytes), None, |claim| async move {
-        holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await
-    })
-    .await
+    seats::holds_may_have_changed(&state, &buyer.0, &answered).await;
+    answered
+}
+
+/// Every unkeyed hold is a new intent: limited like a new key.
+async fn place_unkeyed(
+    state: &AppState,
+    buyer: &Buyer,
+    seat_id: i64,
+) -> Result<HttpResponse, Problem> {
+    state
+        .limit
+        .take(buyer.0.as_str())
+        .map_err(|retry_after| Problem::RateLimited { retry_after })?;
+    let client = state.pool.get().await?;
+    let hold = holds::place(&client, buyer.0.as_str(), seat_id, state.holds).await?;
+    Ok(idempotency::actix::response_of(&answer(&hold), false))
 }
 
 /// How a hold is answered: 201 with the hold.
@@ -104,9 +123,12 @@ pub async fn release(
     let not_found = || Problem::NotFound("there is no such hold of yours that can be released");
     let hold_id: i64 = hold_id.parse().map_err(|_| not_found())?;
     let client = state.pool.get().await?;
-    if holds::release(&client, buyer.0.as_str(), hold_id).await? {
-        Ok(HttpResponse::NoContent().finish())
-    } else {
-        Err(not_found())
+    let released = holds::release(&client, buyer.0.as_str(), hold_id).await?;
+    drop(client);
+    if !released {
+        return Err(not_found());
     }
+    let answered = Ok(HttpResponse::NoContent().finish());
+    seats::holds_may_have_changed(&state, &buyer.0, &answered).await;
+    answered
 }

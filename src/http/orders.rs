@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::problem::Problem;
-use super::{body, cursor, idempotent, AppState, Buyer};
+use super::{body, cursor, idempotent, seats, AppState, Buyer};
 use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus, Reason};
 use crate::telemetry;
 
@@ -88,6 +88,7 @@ pub async fn create(
         |claim| async move { orders.place(&claim, click?).await },
     )
     .await;
+    seats::holds_may_have_changed(&state, &buyer.0, &answered).await;
     // The click's order, for the request's log line: the 201's `Location`,
     // or a 409's while it waits for Payrail (a 402 names it in its body,
     // which `idempotent` reads).

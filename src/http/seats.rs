@@ -8,6 +8,7 @@ use actix_web::{get, web, HttpRequest, HttpResponse};
 
 use super::problem::Problem;
 use super::{AppState, Buyer};
+use crate::auth::BuyerId;
 use crate::checkout::seat_maps::MapBody;
 use crate::checkout::seats::SeatMap;
 
@@ -27,8 +28,9 @@ const CACHE_CONTROL: &str = "private, no-cache";
         that does not exist is 404.\n\n\
         Other buyers' changes show within one second: each instance serves the map from a \
         snapshot in memory, read again when it is 0.9 s old or when a hold in it expires. The \
-        caller's own live holds are read on every request, so a hold just made is in its \
-        holder's next map on any instance. It carries a weak \
+        caller's own live holds are exact: a hold just made is in its holder's next map (on \
+        another instance once the change's notice reached it, which the instance that made it \
+        waits for; at the latest within the second). It carries a weak \
         `ETag` of its bytes (the same for its gzip and identity forms); a request whose \
         `If-None-Match` names it is `304` with no body, and the tag changes whenever any \
         seat's status or the caller's own holds change. The body is gzipped when \
@@ -72,6 +74,31 @@ pub async fn seat_map(
         .await?
         .ok_or(Problem::NotFound("there is no event with this id"))?;
     Ok(respond(&req, &map))
+}
+
+/// After a request that may have changed the buyer's holds (a hold, a
+/// release, an order): the seat maps of every instance learn it, unless
+/// the answer shows nothing was done, a replay or a refusal (`402` aside:
+/// a declined order gave its holds back).
+pub(super) async fn holds_may_have_changed(
+    state: &AppState,
+    buyer: &BuyerId,
+    answered: &Result<HttpResponse, Problem>,
+) {
+    let changed = match answered {
+        Ok(response) => {
+            !response
+                .headers()
+                .contains_key(idempotency::actix::REPLAYED)
+                && (response.status().is_success()
+                    || response.status() == actix_web::http::StatusCode::PAYMENT_REQUIRED)
+        }
+        // An order's charge may have failed after its holds went into it.
+        Err(problem) => problem.status().is_server_error(),
+    };
+    if changed {
+        state.seat_maps.changed(&state.pool, buyer).await;
+    }
 }
 
 /// 200 with the map (gzipped if the caller prefers it), or 304 when the

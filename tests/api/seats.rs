@@ -337,8 +337,9 @@ async fn statuses(app: &TestApp, buyer: &str) -> Vec<(String, Option<i64>)> {
 }
 
 /// Two instances on one database, each with the map in memory: a hold
-/// made on one is in its holder's next map on the other at once, and in
-/// everyone's once the other's snapshot is past its age (docs/API.md).
+/// made on one is in its holder's next map there at once, and in
+/// everyone's on the other once its notice is heard or, at the latest,
+/// once that one's snapshot is past its age (docs/API.md).
 #[tokio::test]
 async fn a_hold_on_one_instance_shows_on_the_others_map_within_its_age() {
     let one = spawn_app().await;
@@ -355,17 +356,100 @@ async fn a_hold_on_one_instance_shows_on_the_others_map_within_its_age() {
     }
 
     let hold = one.hold("alice", seats[1]).await;
-    let alices = statuses(&other, "alice").await;
+    let alices = statuses(&one, "alice").await;
     assert_eq!(alices[1], ("held".to_owned(), Some(hold)), "at once");
     tokio::time::sleep(MAX_AGE).await;
+    let alices = statuses(&other, "alice").await;
+    assert_eq!(alices[1], ("held".to_owned(), Some(hold)), "within its age");
     let bobs = statuses(&other, "bob").await;
     assert_eq!(bobs[1], ("held".to_owned(), None), "within its age");
 
     // A release too, and the holder's own map at once.
     assert_eq!(one.delete_hold("alice", hold).await.status(), 204);
-    assert_eq!(statuses(&other, "alice").await[1].1, None);
+    assert_eq!(
+        statuses(&one, "alice").await[1],
+        ("available".to_owned(), None)
+    );
     tokio::time::sleep(MAX_AGE).await;
-    assert_eq!(statuses(&other, "bob").await[1].0, "available");
+    for buyer in ["alice", "bob"] {
+        assert_eq!(
+            statuses(&other, buyer).await[1],
+            ("available".to_owned(), None)
+        );
+    }
+}
+
+/// A view costs no statement while its snapshot is young: with every
+/// read of the holds blocked (another transaction locks the table), the
+/// crowd's views and the holder's own are still answered, exact.
+#[tokio::test]
+async fn a_view_of_a_young_snapshot_reads_nothing() {
+    let app = spawn_app().await;
+    let seats = app.seed("show", 4, 1000).await;
+    let hold = app.hold("alice", seats[0]).await;
+    // A snapshot read after the hold (the one made before is past its age).
+    tokio::time::sleep(MAX_AGE).await;
+    assert_eq!(statuses(&app, "bob").await[0], ("held".to_owned(), None));
+
+    let (_locker, answered) = views_while_holds_are_locked(&app).await;
+    assert!(answered.len() >= 2, "answered {answered:?}");
+    for (buyer, seat) in answered {
+        let expected = if buyer == "alice" { Some(hold) } else { None };
+        assert_eq!(seat, ("held".to_owned(), expected), "{buyer}");
+    }
+}
+
+/// An instance that lost its listener could miss another's change of a
+/// buyer's holds: until it listens again, each view reads its caller's.
+#[tokio::test]
+async fn without_its_listener_an_instance_reads_each_callers_holds() {
+    let app = spawn_app().await;
+    app.seed("show", 4, 1000).await;
+    let listener = "application_name = 'stagedoor-holds-listener' AND datname = current_database()";
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE {listener}");
+    while app.count(&count).await == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let killed = app
+        .count(&format!(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                   WHERE {listener}) AS t"
+        ))
+        .await;
+    assert_eq!(killed, 1);
+    // It reconnects after a second; before, a young snapshot.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(statuses(&app, "bob").await[0].0, "available");
+
+    let (_locker, answered) = views_while_holds_are_locked(&app).await;
+    assert!(
+        answered.is_empty(),
+        "answered from memory alone: {answered:?}"
+    );
+}
+
+/// Locks the holds against any read, then asks for the map as alice and
+/// bob in turn (each given 250 ms) until one is not answered: the answers
+/// (buyer, first seat), and the locking connection (the lock goes with it).
+async fn views_while_holds_are_locked(
+    app: &TestApp,
+) -> (
+    tokio_postgres::Client,
+    Vec<(&'static str, (String, Option<i64>))>,
+) {
+    let locker = test_support::db::connect(&app.db.url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE holds IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut answered = Vec::new();
+    for buyer in ["alice", "bob"].into_iter().cycle().take(8) {
+        match tokio::time::timeout(Duration::from_millis(250), statuses(app, buyer)).await {
+            Ok(seats) => answered.push((buyer, seats[0].clone())),
+            Err(_) => break,
+        }
+    }
+    (locker, answered)
 }
 
 /// A hold that expires changes the map with no statement: the snapshot is

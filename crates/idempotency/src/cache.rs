@@ -29,7 +29,7 @@ use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Equivalent, Lifecycle, Weighter};
 use tokio::time::Instant;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{AsyncMessage, Socket};
+use tokio_postgres::Socket;
 
 use crate::{IdempotencyKey, RequestHash, StoredResponse};
 
@@ -37,8 +37,6 @@ use crate::{IdempotencyKey, RequestHash, StoredResponse};
 /// (see [`payload`]).
 pub const CHANNEL: &str = "idempotency_answers";
 
-/// How long the listener waits before it connects again.
-const RECONNECT: Duration = Duration::from_secs(1);
 /// What an entry weighs besides its bytes (the map's slot, the `Arc`).
 const OVERHEAD: u64 = 96;
 
@@ -166,7 +164,7 @@ impl AnswerCache {
     /// connection as the caller's other connections are.
     pub fn start<T>(
         max_bytes: u64,
-        mut listen: tokio_postgres::Config,
+        listen: tokio_postgres::Config,
         tls: T,
         observe: impl Fn(CacheEvent) + Send + Sync + 'static,
     ) -> Self
@@ -193,15 +191,14 @@ impl AnswerCache {
             epoch: AtomicU64::new(0),
             observe,
         }));
-        // A connection whose peer vanished without a word is found out in
-        // seconds, not hours: until then a purge could go unheard.
-        listen
-            .application_name("idempotency-listener")
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(5))
-            .keepalives_interval(Duration::from_secs(1))
-            .keepalives_retries(3);
-        tokio::spawn(listener(Arc::downgrade(&cache.0), listen, tls));
+        crate::listen::spawn(
+            &cache.0,
+            CHANNEL,
+            listen,
+            tls,
+            "idempotency-listener",
+            "answer cache: invalidation listener lost; serving from the database",
+        );
         cache
     }
 
@@ -309,6 +306,20 @@ impl Inner {
     }
 }
 
+impl crate::listen::Listener for Inner {
+    fn listening(&self, now: bool) {
+        Inner::listening(self, now);
+    }
+
+    fn notice(&self, payload: &str) {
+        match parse(payload) {
+            Some((user_id, key)) => self.invalidate(user_id, key),
+            // A notice this version cannot read: drop everything to be safe.
+            None => Inner::listening(self, true),
+        }
+    }
+}
+
 /// The payload of a notice on [`CHANNEL`] for a key: the scope's length in
 /// bytes, a colon, the scope, the key. Unambiguous for any scope.
 pub fn payload(user_id: &str, key: &str) -> String {
@@ -319,74 +330,6 @@ fn parse(payload: &str) -> Option<(&str, &str)> {
     let (len, rest) = payload.split_once(':')?;
     let len: usize = len.parse().ok()?;
     Some((rest.get(..len)?, rest.get(len..)?))
-}
-
-/// Listens on [`CHANNEL`] for as long as the cache lives, connecting again
-/// after each loss.
-async fn listener<T>(cache: std::sync::Weak<Inner>, config: tokio_postgres::Config, tls: T)
-where
-    T: MakeTlsConnect<Socket> + Clone,
-    T::Stream: Send + 'static,
-{
-    loop {
-        if cache.strong_count() == 0 {
-            return;
-        }
-        if let Err(error) = listen_once(&cache, &config, tls.clone()).await {
-            tracing::warn!(%error, "answer cache: invalidation listener lost; serving from the database");
-        }
-        if let Some(inner) = cache.upgrade() {
-            inner.listening(false);
-        }
-        tokio::time::sleep(RECONNECT).await;
-    }
-}
-
-/// One listening connection, until it is lost.
-async fn listen_once<T>(
-    cache: &std::sync::Weak<Inner>,
-    config: &tokio_postgres::Config,
-    tls: T,
-) -> Result<(), tokio_postgres::Error>
-where
-    T: MakeTlsConnect<Socket>,
-    T::Stream: Send + 'static,
-{
-    let (client, mut connection) = config.connect(tls).await?;
-    let (notices, mut received) = tokio::sync::mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(notice))) => {
-                    if notices.send(notice).is_err() {
-                        return Ok(());
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(error)) => return Err(error),
-                None => return Ok(()),
-            }
-        }
-    });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-    if let Some(inner) = cache.upgrade() {
-        inner.listening(true);
-    }
-    while let Some(notice) = received.recv().await {
-        let Some(inner) = cache.upgrade() else {
-            return Ok(());
-        };
-        match parse(notice.payload()) {
-            Some((user_id, key)) => inner.invalidate(user_id, key),
-            // A notice this version cannot read: drop everything to be safe.
-            None => inner.listening(true),
-        }
-    }
-    drop(client);
-    match driver.await {
-        Ok(result) => result,
-        Err(_) => Ok(()),
-    }
 }
 
 #[cfg(test)]

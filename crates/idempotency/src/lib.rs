@@ -154,6 +154,7 @@ engine! {
     pub mod inspect; // key tooling: show, purge, stats
     mod layout; // one PostgreSQL or a cluster: the cleanup's slices
     mod limit; // new intents per scope
+    pub mod listen; // a connection of its own that listens on a channel
     mod migrate; // the key table's own migrations
     mod reply; // what a request is answered, and what its key decided
     mod response; // what is stored and replayed
