@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The seat map's views per second, measured with wrk on this machine:
 #
-#   scripts/seat-map-views.sh BINARY [history | retention]
+#   scripts/seat-map-views.sh BINARY [history | year | retention]
 #
 # Starts BINARY (a release build of `stagedoor-checkout`, of this tree or of
 # another commit, so that two trees can be alternated) on a free port of
 # 127.0.0.1 and a database of its own, created and dropped here, with one
 # event of 2,000 seats (`big`). With `history`, 400,000 holds of a past
 # event, expired 30 days ago, are in the table too (`holds.retention_secs`
-# is set to a year for the run, so that the retention keeps them). With
+# is set to a year for the run, so that the retention keeps them); with
+# `year`, 1,000,000 of them (fifty a seat), as many as a busy box office's
+# year of holds (tests/api/plans.rs says how that is sized). With
 # `retention`, the same holds, and the retention at its default (a day
 # past expiry) runs 2 s after the start, during the first measurement: its
 # log line (holds deleted, elapsed_ms) is printed at the end. Then
@@ -48,11 +50,13 @@ trap cleanup EXIT
 "$bin" seed --event big --seats 2000 >/dev/null
 if [ -n "$history" ]; then
     "$bin" seed --event past --seats 20000 >/dev/null
-    # Twenty holds of each past seat, one after another, each 5 minutes long.
+    per_seat=20
+    [ "$history" = year ] && per_seat=50
+    # Holds of each past seat, one after another, each 5 minutes long.
     psql -q "$pg/$db" -c "INSERT INTO holds (seat_id, user_id, created_at, expires_at)
         SELECT seat_id, 'past' || n, now() - interval '30 days' + n * interval '10 minutes',
                now() - interval '30 days' + n * interval '10 minutes' + interval '5 minutes'
-        FROM seats, generate_series(1, 20) AS n WHERE event_id = 'past'" \
+        FROM seats, generate_series(1, $per_seat) AS n WHERE event_id = 'past'" \
         -c "VACUUM ANALYZE holds"
 fi
 echo "holds in the table: $(psql -tA "$pg/$db" -c 'SELECT count(*) FROM holds')"
