@@ -30,7 +30,8 @@
 //! show|list`, `keys show|purge`, `outcomes show|resend`). The server plans and logs
 //! every statement they run, the statements inside the order steps'
 //! functions too (`auto_explain`, with the actual rows), and each plan of
-//! a growing table is checked.
+//! a growing table is checked. The invariants are not: the sandbox's
+//! ledger, their truth about charges, has none of the year's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
