@@ -28,6 +28,7 @@ mod orders;
 mod outbound;
 mod outcomes;
 mod payrail_events;
+mod plans;
 mod pool;
 mod provider;
 mod redis_gate;
