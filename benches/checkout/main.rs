@@ -9,8 +9,18 @@
 //!
 //! `--quick` runs every scenario briefly (CI); the default runs them long
 //! enough to trust. Naming scenarios runs only those (figures that need a
-//! missing one are left out): orders, replay, mirror, storm, payrail, redis,
-//! keyrows, cleanup, rss, lost_answers, abuse, outcomes.
+//! missing one are left out): orders, replay, mirror, storm, wait_storm,
+//! payrail, redis, keyrows, cleanup, rss, lost_answers, abuse, outcomes,
+//! onsale.
+//!
+//! Modules: `main` (profiles, the order of the scenarios), `load` (the load
+//! generator), `report` (the table and the JSON), `fixtures` (buyers and
+//! holds), `postgres` (the bench's server and its counters), `servers` (the
+//! instances under load and the baselines), `cpu`, `scenarios` (orders,
+//! replay, mirror), `capacity` (storms, payrail, redis, rss), `storage`
+//! (keyrows, cleanup), `outcomes`, `abuse`, `lost_answers`, `without_key`,
+//! `shards` (Citus), `onsale` (a crowd buying out an event while it polls
+//! the seat map, and first clicks from thousands of connections).
 //!
 //! `--citus` runs on the three-node cluster of `scripts/citus.sh` instead
 //! (`DATABASE_URL`: its coordinator), with the tables distributed as the
@@ -25,6 +35,7 @@ mod cpu;
 mod fixtures;
 mod load;
 mod lost_answers;
+mod onsale;
 mod outcomes;
 mod postgres;
 mod report;
@@ -58,6 +69,13 @@ pub struct Profile {
     /// ABBA comparisons: pairs of segments, and each segment's length.
     pub pairs: usize,
     pub segment: Duration,
+    /// The on-sale: its seats, its buyers, and how long it may take to sell
+    /// out before it is given up.
+    pub sale_seats: u32,
+    pub sale_buyers: usize,
+    pub sale_limit: Duration,
+    /// Connections of the crowd's first clicks.
+    pub crowd: usize,
 }
 
 impl Profile {
@@ -70,6 +88,10 @@ impl Profile {
             cleanup_rows: 200_000,
             pairs: 2,
             segment: Duration::from_secs(2),
+            sale_seats: 300,
+            sale_buyers: 3_000,
+            sale_limit: Duration::from_secs(60),
+            crowd: 4_096,
         }
     }
 
@@ -82,6 +104,10 @@ impl Profile {
             cleanup_rows: 1_000_000,
             pairs: 3,
             segment: Duration::from_secs(5),
+            sale_seats: 2_000,
+            sale_buyers: 20_000,
+            sale_limit: Duration::from_secs(300),
+            crowd: 4_096,
         }
     }
 }
@@ -101,6 +127,7 @@ pub const SCENARIOS: &[&str] = &[
     "abuse",
     "shards",
     "outcomes",
+    "onsale",
 ];
 
 /// What `--citus` runs when no scenario is named.
@@ -171,8 +198,8 @@ fn main() {
     // Slow is a figure; a click charged twice is a broken promise.
     if double_charges > 0.0 {
         eprintln!(
-            "a click was charged more than once, or a seat sold twice: see the storm and \
-             abuse figures above"
+            "a click was charged more than once, a seat sold twice or a paid order has no \
+             charge: see the storm, abuse and onsale figures above"
         );
         std::process::exit(1);
     }
@@ -192,6 +219,20 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
     } else {
         postgres::Server::start().await
     };
+    // A crowd's connections are descriptors of this process twice over:
+    // the load generator's and the in-process service's.
+    let open_files = stagedoor_checkout::descriptors::raise_to_hard_limit()
+        .map(|(before, after)| {
+            println!(
+                "open files: soft limit {} (was {}), hard limit {}",
+                after.soft, before.soft, after.hard
+            );
+            json!({ "soft_before": before.soft, "soft": after.soft, "hard": after.hard })
+        })
+        .unwrap_or_else(|error| {
+            println!("open files: the soft limit stays as it was ({error})");
+            json!(null)
+        });
     let mut report = Report::new(citus);
     if let Some(note) = fallback {
         report.note(note);
@@ -285,6 +326,9 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         shards::per_click_costs(&mut bench, &app).await;
     }
     app.stop().await;
+    if wants("onsale") {
+        onsale::onsale(&mut bench).await;
+    }
     if wants("lost_answers") {
         lost_answers::lost_answers(&mut bench).await;
     }
@@ -309,6 +353,7 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         "cpu": cpu,
         "postgresql": pg_version,
         "postgresql_server": bench.pg.settings_note(),
+        "open_files": open_files,
         "load_average_before": load_before.trim(),
         "load_average_after": load_after.trim(),
         "elapsed_secs": started.elapsed().as_secs(),
@@ -328,6 +373,7 @@ async fn run(profile: Profile, selected: Vec<String>, citus: bool) -> (std::path
         "storm_double_charges_redis",
         "abuse_double_charges",
         "abuse_seats_sold_twice",
+        "onsale_violations",
     ]
     .iter()
     .filter_map(|name| bench.report.get(name))

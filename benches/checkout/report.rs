@@ -49,6 +49,9 @@ const TARGETS: &[(&str, Rule)] = &[
     ("abuse_double_charges", Rule::Max(0.0)),
     ("abuse_seats_sold_twice", Rule::Max(0.0)),
     ("outbox_order_ratio", Rule::Min(0.95)),
+    ("onsale_violations", Rule::Max(0.0)),
+    ("crowd_ratio", Rule::Min(0.9)),
+    ("crowd_accept_errors", Rule::Max(0.0)),
 ];
 
 /// On the Citus cluster these replace the targets of the same name
@@ -129,6 +132,22 @@ const ORDER: &[&str] = &[
     "abuse_honest_refused",
     "abuse_double_charges",
     "abuse_seats_sold_twice",
+    "onsale_sellout_secs",
+    "onsale_seats_per_s",
+    "onsale_click_p50_ms",
+    "onsale_click_p99_ms",
+    "onsale_hold_attempts",
+    "onsale_seat_unavailable_share",
+    "onsale_views_200_per_s",
+    "onsale_views_304_per_s",
+    "onsale_statements_per_view",
+    "onsale_violations",
+    "crowd_connections",
+    "crowd_base_rps",
+    "crowd_rps",
+    "crowd_ratio",
+    "crowd_p99_ms",
+    "crowd_accept_errors",
 ];
 
 impl Report {
