@@ -13,15 +13,16 @@
 //! read: then it reads them (one probe of the buyer's index of live holds).
 //! A change made through this instance is known at once; one made through
 //! another is heard on [`CHANNEL`], which each instance listens on (its own
-//! connection) and whoever changes a buyer's holds notifies. While that
-//! connection is not listening, or for a snapshot read before it listened,
-//! every view reads the caller's holds. A buyer with none of the event's
+//! connection) and whoever changes a buyer's holds notifies, unless it
+//! counted no other listener in the last second. While that connection is
+//! not listening, and for its first [`TRUSTED_AFTER`] (until every other
+//! instance has counted it), every view reads the caller's holds. A buyer with none of the event's
 //! holds, the crowd, gets the snapshot's own bytes, serialized, hashed and
 //! compressed once per snapshot.
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -57,8 +58,17 @@ const FORGOTTEN: Duration = Duration::from_secs(60);
 /// buyer's id.
 pub const CHANNEL: &str = "stagedoor_holds";
 
+/// The `application_name` of each instance's listening connection, by
+/// which the instances count each other.
+const LISTENER: &str = "stagedoor-holds-listener";
+
 /// The longest a change waits for this instance to hear its own notice.
 const HEARD_WITHIN: Duration = Duration::from_millis(100);
+
+/// How long an instance listens before it trusts a snapshot with anyone's
+/// own holds: the others count the listeners each second, and notify only
+/// while there is another, so by then they all know of this one.
+pub const TRUSTED_AFTER: Duration = Duration::from_secs(2);
 
 /// The seat maps of this instance; see the module documentation. Without
 /// [`SeatMaps::listen`] every view reads the caller's own holds.
@@ -73,6 +83,8 @@ struct Inner {
     listening_since: Mutex<Option<Instant>>,
     /// This instance's notices not yet heard back, by token.
     waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
+    /// How many other instances listen, as last counted; -1 until then.
+    others: AtomicI64,
     /// What this instance's tokens start with: its own, among all.
     instance: uuid::Uuid,
     sent: AtomicU64,
@@ -85,6 +97,7 @@ impl Default for Inner {
             changes: Mutex::default(),
             listening_since: Mutex::default(),
             waiting: Mutex::default(),
+            others: AtomicI64::new(-1),
             instance: uuid::Uuid::new_v4(),
             sent: AtomicU64::new(0),
         }
@@ -190,7 +203,7 @@ impl SeatMaps {
             CHANNEL,
             config,
             tls,
-            "stagedoor-holds-listener",
+            LISTENER,
             "seat maps: the holds listener lost; reading each caller's holds on every view",
         );
     }
@@ -204,6 +217,11 @@ impl SeatMaps {
     /// another instance for the map, that one has heard it too.
     pub async fn changed(&self, pool: &Pool, buyer: &BuyerId) {
         self.0.changed(buyer.as_str());
+        if self.0.others.load(Ordering::Acquire) == 0 {
+            // Alone: nobody to tell (a new instance trusts nothing for
+            // its first seconds, until this one has counted it).
+            return;
+        }
         let (token, heard) = self.0.expect_notice();
         let told = async {
             let client = pool.get().await?;
@@ -394,14 +412,25 @@ impl Inner {
     /// Whether a snapshot read at `sent` has every live hold of `buyer`:
     /// nothing of theirs changed since, as far as this instance can know.
     fn knows(&self, buyer: &str, sent: Instant) -> bool {
-        self.listening_since().is_some_and(|since| since <= sent)
+        self.listening_since()
+            .is_some_and(|since| since + TRUSTED_AFTER <= sent)
             && self.changes().last(buyer).is_none_or(|at| at < sent)
     }
 }
 
 impl idempotency::listen::Listener for Inner {
+    const EVERY_SECOND: Option<&'static str> = Some(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE application_name = current_setting('application_name')
+           AND datname = current_database() AND pid <> pg_backend_pid()",
+    );
+
     fn listening(&self, now: bool) {
         *self.listening_since() = now.then(Instant::now);
+    }
+
+    fn counted(&self, others: i64) {
+        self.others.store(others, Ordering::Release);
     }
 
     fn notice(&self, payload: &str) {

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use stagedoor_checkout::checkout::seat_maps::MAX_AGE;
+use stagedoor_checkout::checkout::seat_maps::{MAX_AGE, TRUSTED_AFTER};
 
 use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen, TestApp};
 
@@ -386,6 +386,8 @@ async fn a_hold_on_one_instance_shows_on_the_others_map_within_its_age() {
 async fn a_view_of_a_young_snapshot_reads_nothing() {
     let app = spawn_app().await;
     let seats = app.seed("show", 4, 1000).await;
+    // Past the listener's first seconds, when nothing is trusted.
+    tokio::time::sleep(TRUSTED_AFTER).await;
     let hold = app.hold("alice", seats[0]).await;
     // A snapshot read after the hold (the one made before is past its age).
     tokio::time::sleep(MAX_AGE).await;
@@ -397,6 +399,40 @@ async fn a_view_of_a_young_snapshot_reads_nothing() {
         let expected = if buyer == "alice" { Some(hold) } else { None };
         assert_eq!(seat, ("held".to_owned(), expected), "{buyer}");
     }
+}
+
+/// Two instances that know of each other: a hold made on one is told to
+/// the other, whose next view of the holder's map reads the holder's holds
+/// (here it blocks on the locked table), while the crowd's still come from
+/// memory.
+#[tokio::test]
+async fn a_hold_made_on_another_instance_is_read_for_its_holder() {
+    let one = spawn_app().await;
+    let other = one.another_instance().await;
+    let seats = one.seed("show", 4, 1000).await;
+    // Each has counted the other, and trusts its snapshots.
+    tokio::time::sleep(TRUSTED_AFTER + Duration::from_secs(1)).await;
+    assert_eq!(statuses(&other, "bob").await[0].0, "available");
+    one.hold("alice", seats[0]).await;
+    // The notice is on its way to the other: long heard by now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let locker = test_support::db::connect(&one.db.url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE holds IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let alices = tokio::time::timeout(Duration::from_millis(250), statuses(&other, "alice")).await;
+    assert!(
+        alices.is_err(),
+        "alice's view did not read her holds: {alices:?}"
+    );
+    drop(locker);
+    assert_eq!(
+        statuses(&other, "alice").await[0].0,
+        "held",
+        "and it read them"
+    );
 }
 
 /// An instance that lost its listener could miss another's change of a

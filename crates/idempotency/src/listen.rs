@@ -18,10 +18,17 @@ const RECONNECT: Duration = Duration::from_secs(1);
 
 /// What a listening connection tells.
 pub trait Listener: Send + Sync + 'static {
+    /// A statement the connection runs about once a second while it
+    /// listens, whose first column (a `bigint`) goes to [`Self::counted`]:
+    /// e.g. how many other connections listen.
+    const EVERY_SECOND: Option<&'static str> = None;
+
     /// The connection listens (`true`) or was lost (`false`).
     fn listening(&self, now: bool);
     /// A notice's payload, in the order they were sent.
     fn notice(&self, payload: &str);
+    /// What [`Self::EVERY_SECOND`] counted.
+    fn counted(&self, _count: i64) {}
 }
 
 /// Listens on `channel` for `listener`, on a connection to `config`'s
@@ -97,14 +104,22 @@ where
     if let Some(listener) = listener.upgrade() {
         listener.listening(true);
     }
+    let mut every_second = tokio::time::interval(RECONNECT);
+    every_second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let notice = tokio::select! {
             notice = received.recv() => notice,
             // The connection goes soon after what it tells, not with the
             // next notice.
-            () = tokio::time::sleep(RECONNECT) => {
+            _ = every_second.tick() => {
                 if listener.strong_count() == 0 {
                     return Ok(());
+                }
+                if let Some(statement) = L::EVERY_SECOND {
+                    let count: i64 = client.query_one(statement, &[]).await?.try_get(0)?;
+                    if let Some(listener) = listener.upgrade() {
+                        listener.counted(count);
+                    }
                 }
                 continue;
             }
