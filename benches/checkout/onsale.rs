@@ -36,6 +36,7 @@ use reqwest::header::{
 use reqwest::RequestBuilder;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use stagedoor_checkout::checkout::seat_maps::TRUSTED_AFTER;
 use stagedoor_checkout::checkout::seats::{self, OWN_HOLDS_STATEMENT, SEAT_MAP_STATEMENT};
 use stagedoor_checkout::config::LockMode;
 use stagedoor_checkout::startup;
@@ -383,6 +384,10 @@ async fn sale(bench: &mut Bench) {
     let buyers = Buyers::new(&settings, crowd_size);
     clear_ledger(bench).await;
     let app = RunningApp::start(settings).await;
+    // The crowd meets an instance at its steady state: one just started
+    // reads each viewer's own holds on every view until it has listened
+    // long enough to hear every other instance's changes.
+    tokio::time::sleep(TRUSTED_AFTER).await;
     let sale = Arc::new(Sale {
         http: fixtures::client(CONNECTIONS),
         connections: Semaphore::new(CONNECTIONS),
