@@ -23,7 +23,7 @@
 //! 2,000 seats takes about 20 ms: every tick).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Pool;
@@ -91,22 +91,14 @@ impl Sale {
         if let Err(error) = self.count_expiries().await {
             tracing::warn!(%error, "the holds that expired could not be counted");
         }
-        let rest_until = *self
-            .seats_rest_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if Instant::now() < rest_until {
+        let started = Instant::now();
+        if started < *locked(&self.seats_rest_until) {
             return;
         }
-        let started = Instant::now();
         if let Err(error) = self.refresh_seats().await {
             tracing::warn!(error = %anyhow::Error::from(error), "the seats by event could not be counted");
         }
-        *self
-            .seats_rest_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) =
-            Instant::now() + started.elapsed() * REST_PER_COUNT;
+        *locked(&self.seats_rest_until) = Instant::now() + started.elapsed() * REST_PER_COUNT;
     }
 
     /// Claims each window that has passed since the last, in order; stops
@@ -114,7 +106,7 @@ impl Sale {
     async fn count_expiries(&self) -> Result<(), idempotency::RunError<DbError>> {
         let hash = RequestHash::of("COUNT", "/holds/expired", b"");
         loop {
-            let from = *self.next_window.lock().unwrap_or_else(|e| e.into_inner());
+            let from = *locked(&self.next_window);
             let to = from + WINDOW;
             if to + SETTLED_AFTER > SystemTime::now() {
                 return Ok(());
@@ -154,7 +146,7 @@ impl Sale {
                     .unwrap_or(0);
                 holds::ended(HowEnded::Expired, expired);
             }
-            *self.next_window.lock().unwrap_or_else(|e| e.into_inner()) = to;
+            *locked(&self.next_window) = to;
         }
     }
 
@@ -168,10 +160,7 @@ impl Sale {
             }
             let counts = seats::counts(&client, &event_id).await?;
             if counts.sold_out() && counts.sold > 0 {
-                self.sold_out
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(event_id);
+                locked(&self.sold_out).insert(event_id);
             } else {
                 on_sale.push(counts);
             }
@@ -193,11 +182,14 @@ impl Sale {
     }
 
     fn is_sold_out(&self, event_id: &str) -> bool {
-        self.sold_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(event_id)
+        locked(&self.sold_out).contains(event_id)
     }
+}
+
+/// A lock of the job's state; a panic while it was held left nothing half
+/// written (each holder writes one value).
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The start of the window `at` falls in.
