@@ -11,7 +11,7 @@
 
 use deadpool_postgres::Pool;
 use idempotency::StoredResponse;
-use stagedoor_checkout::checkout::orders::{self, NewOrder, Reason, CURRENCY};
+use stagedoor_checkout::checkout::orders::{self, NewOrder, CURRENCY};
 use stagedoor_checkout::http;
 use stagedoor_checkout::payrail::{self, Charge};
 use uuid::Uuid;
@@ -63,5 +63,5 @@ pub async fn place(
         .await
         .map_err(|e| e.to_string())?
         .ok_or("settled twice")?;
-    Ok(http::order_answer(&settled, Reason::Unknown))
+    Ok(http::order_answer(&settled))
 }

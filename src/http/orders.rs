@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::problem::Problem;
 use super::{body, cursor, idempotent, seats, AppState, Buyer};
-use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus, Reason};
+use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
 use crate::telemetry;
 
 /// `GET /orders` without `limit`.
@@ -112,17 +112,13 @@ pub async fn create(
 /// outcome: 201 with the order and its `Location`, 402 `payment-declined`
 /// (with Payrail's reason when it was heard), or 402 `payment-failed` for
 /// an order Payrail never decided.
-pub fn answer(order: &Order, reason: Reason) -> StoredResponse {
+pub fn answer(order: &Order) -> StoredResponse {
     let order_id = order.order_id;
     match order.status {
         OrderStatus::Declined => {
-            let decline_code = match reason {
-                Reason::None | Reason::Unknown => None,
-                said => Some(crate::observe::Label::as_str(said)),
-            };
             return Problem::PaymentDeclined {
                 order_id,
-                decline_code,
+                decline_code: order.decline_code,
             }
             .to_response();
         }

@@ -11,7 +11,7 @@ use stagedoor_checkout::jobs::reconcile::Reconcile;
 use stagedoor_checkout::{db, http, payrail};
 use tokio::sync::Barrier;
 
-use crate::helpers::{new_key, spawn_app_with, Seen, TestApp};
+use crate::helpers::{new_key, order_body, spawn_app_with, Seen, TestApp};
 use crate::invariants::assert_invariants;
 
 /// Retries one click until it has an answer other than 409, as a client
@@ -253,6 +253,69 @@ async fn a_charge_that_keeps_failing_stays_pending_and_is_retried_with_growing_d
         "the next attempt is scheduled ahead: {next_in}"
     );
     assert!(app.charges().await.is_empty());
+    assert_invariants(&app).await;
+}
+
+/// Reconciliation settles a declined click while Payrail's answer to the
+/// click itself is still on its way: the click's first answer is the one
+/// reconciliation stored on its key, Payrail's reason and all, byte for
+/// byte as its replays.
+#[tokio::test]
+async fn a_decline_settled_by_reconciliation_first_answers_the_click_as_its_replays() {
+    let app = spawn_app_with(|s| {
+        s.reconcile.grace_secs = 0;
+        s.payrail.max_attempts = 1;
+        s.payrail.timeout_ms = 5_000;
+    })
+    .await;
+    let seats = app.seed("race", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    app.set_faults(json!({"latency_ms": 2_000})).await;
+    let key = new_key();
+    let click = {
+        let request = app
+            .as_buyer(app.http.post(app.url("/orders")), "alice")
+            .header("Idempotency-Key", &key)
+            .header("Content-Type", "application/json")
+            .body(order_body(&[hold], "pm_card_declined"));
+        tokio::spawn(async move { Seen::of(request.send().await.expect("the click")).await })
+    };
+    app.until_charged().await;
+    // Declined at Payrail, the click's answer held back: reconciliation
+    // asks again with the order's key and hears the decline at once.
+    app.set_faults(json!({})).await;
+    let pool = db::pool(&app.settings.database).unwrap();
+    let payrail =
+        payrail::Client::new(&app.settings.payrail, &app.settings.payrail.base_url).unwrap();
+    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
+    let report = Reconcile::new(pool, orders, &app.settings.reconcile)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(report.settled, 1, "reconciliation settled the order first");
+
+    let first = click.await.unwrap();
+    assert_eq!(
+        (first.status, first.slug.as_deref(), first.replayed),
+        (402, Some("payment-declined"), false),
+        "the click's own answer, not a replay"
+    );
+    assert_eq!(first.json()["decline_code"], "card_declined");
+    let again = Seen::of(
+        app.post_order("alice", &key, &[hold], "pm_card_declined")
+            .await,
+    )
+    .await;
+    assert!(again.replayed);
+    assert_eq!(
+        String::from_utf8_lossy(&again.body),
+        String::from_utf8_lossy(&first.body),
+        "one answer for the click"
+    );
+    let order_id = first.json()["order_id"].as_str().unwrap().to_owned();
+    let order = Seen::of(app.get_order("alice", &order_id).await).await;
+    assert_eq!(order.json()["decline_code"], "card_declined");
+    assert_eq!(app.charges().await.len(), 1);
     assert_invariants(&app).await;
 }
 

@@ -26,6 +26,8 @@ export interface Order {
   hold_ids: number[];
   seats: string[];
   charge_id: string | null;
+  /** A declined order's reason, when Payrail gave one (as in its 402). */
+  decline_code?: string;
   created_at: string;
 }
 

@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use super::CheckoutError;
 use crate::db::DbError;
+use crate::observe;
 use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
@@ -63,10 +64,11 @@ pub const CURRENCY: &str = "USD";
 const MAX_HOLDS: usize = 50;
 
 /// How an order is answered to the click that made it (201 with the order,
-/// 402 for a declined card, with why when this settlement heard it): the
-/// HTTP layer's to say, handed in so that the answer can be stored in the
-/// same transaction as the settlement.
-pub type Answer = fn(&Order, Reason) -> StoredResponse;
+/// 402 for a declined card, with the reason it keeps): the HTTP layer's to
+/// say, handed in so that the answer can be stored in the same transaction
+/// as the settlement. Made from the order alone, so that whoever makes it
+/// again makes the same bytes.
+pub type Answer = fn(&Order) -> StoredResponse;
 
 /// An order as asked for, checked: at least one hold, none twice, a payment
 /// method of the right form.
@@ -123,6 +125,13 @@ pub struct Order {
     /// Payrail's charge id; null until Payrail has answered.
     #[schema(required = true)]
     pub charge_id: Option<String>,
+    /// Why Payrail declined the order, when it said (as in the click's
+    /// 402): `card_declined`, `insufficient_funds`, `expired_card`,
+    /// `incorrect_cvc`, `lost_card`, `stolen_card`, or `other`. Absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "card_declined")]
+    pub decline_code: Option<&'static str>,
     /// RFC 3339, UTC.
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -135,7 +144,7 @@ pub struct Order {
 }
 
 const COLUMNS: &str = "order_id, user_id, status, amount_cents, currency, payment_method, \
-                       hold_ids, seats, charge_id, idempotency_key, created_at";
+                       hold_ids, seats, charge_id, decline_code, idempotency_key, created_at";
 
 impl Order {
     fn from_row(row: &Row) -> Result<Self, DbError> {
@@ -147,6 +156,9 @@ impl Order {
             hold_ids: row.try_get("hold_ids")?,
             seats: row.try_get("seats")?,
             charge_id: row.try_get("charge_id")?,
+            decline_code: row
+                .try_get::<_, Option<&str>>("decline_code")?
+                .map(|code| observe::Label::as_str(Reason::named(code))),
             created_at: super::rfc3339(row.try_get::<_, OffsetDateTime>("created_at")?),
             payment_method: PaymentMethod::trusted(row.try_get("payment_method")?),
             user_id: row.try_get("user_id")?,

@@ -13,7 +13,7 @@ use idempotency::{Claim, Done, Fence, Opening, OpeningStep};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{settle, NewOrder, Order, OrderStatus, Orders, Reason, CURRENCY};
+use super::{settle, NewOrder, Order, OrderStatus, Orders, CURRENCY};
 use crate::checkout::CheckoutError;
 
 /// A click's order as asked, before its key is claimed: the order's id and
@@ -66,9 +66,10 @@ impl Orders {
             },
         };
         if order.status != OrderStatus::PaymentPending {
-            // Settled already (by reconciliation): nothing left to make,
-            // and Payrail's reason for a decline was heard there.
-            return Ok(Done::Answer((self.answer)(&order, Reason::Unknown)));
+            // Settled already (by reconciliation, or by the holder this
+            // claim took the key from): nothing left to make, and the order
+            // keeps the reason of a decline.
+            return Ok(Done::Answer((self.answer)(&order)));
         }
         let outcome = self
             .payrail
@@ -123,6 +124,7 @@ impl Orders {
             hold_ids: request.hold_ids.clone(),
             seats: opened.try_get("seats")?,
             charge_id: None,
+            decline_code: None,
             created_at: crate::checkout::rfc3339(
                 opened.try_get::<_, OffsetDateTime>("created_at")?,
             ),

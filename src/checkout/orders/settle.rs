@@ -57,14 +57,34 @@ impl Reason {
         let ChargeOutcome::Declined { code, .. } = outcome else {
             return Reason::None;
         };
-        match code.as_deref() {
-            None => Reason::Unknown,
-            Some(code) => <Reason as crate::observe::Label>::ALL
-                .iter()
-                .copied()
-                .filter(|reason| !matches!(reason, Reason::None | Reason::Other | Reason::Unknown))
-                .find(|reason| crate::observe::Label::as_str(*reason) == code)
-                .unwrap_or(Reason::Other),
+        code.as_deref().map_or(Reason::Unknown, Reason::named)
+    }
+
+    /// The reason a decline code names (one of Payrail's, or one an order
+    /// recorded), `Other` for a code not listed.
+    pub(super) fn named(code: &str) -> Self {
+        <Reason as crate::observe::Label>::ALL
+            .iter()
+            .copied()
+            .filter(|reason| !matches!(reason, Reason::None | Reason::Other | Reason::Unknown))
+            .find(|reason| crate::observe::Label::as_str(*reason) == code)
+            .unwrap_or(Reason::Other)
+    }
+
+    /// What a declined order records and its answer says: the code heard,
+    /// bounded; nothing when none was heard.
+    fn code(self) -> Option<&'static str> {
+        match self {
+            Reason::None | Reason::Unknown => None,
+            said => Some(crate::observe::Label::as_str(said)),
+        }
+    }
+
+    /// The reason a settled order was counted under.
+    fn recorded(order: &Order) -> Self {
+        match order.status {
+            OrderStatus::Declined => order.decline_code.map_or(Reason::Unknown, Reason::named),
+            _ => Reason::None,
         }
     }
 }
@@ -79,14 +99,14 @@ pub const METRICS: &[&dyn Metric] = &[&SETTLED];
 /// Counts an order that this settlement moved out of `payment_pending`:
 /// once per order, whichever path settled it, since only the call whose
 /// update moved it gets here. A paid order's holds end in it.
-fn counted(order: &Order, reason: Reason) {
+fn counted(order: &Order) {
     let status = match order.status {
         OrderStatus::Paid => Settled::Paid,
         OrderStatus::Declined => Settled::Declined,
         OrderStatus::Failed => Settled::Failed,
         OrderStatus::PaymentPending => return,
     };
-    SETTLED.of((status, reason)).increment(1);
+    SETTLED.of((status, Reason::recorded(order))).increment(1);
     if status == Settled::Paid {
         holds::ended(HowEnded::Ordered, order.hold_ids.len());
     }
@@ -100,7 +120,9 @@ fn counted(order: &Order, reason: Reason) {
 /// holds the key now answers from it. An order someone else settled first
 /// (Payrail's event, often ahead of Payrail's own answer, or
 /// reconciliation) had its answer stored on this key in the same
-/// transaction: it is still this request's first answer, not a replay.
+/// transaction: it is still this request's first answer, not a replay, and
+/// made again from the order (which keeps the decline's reason), it is the
+/// stored answer byte for byte.
 #[tracing::instrument(name = "settle order", skip_all)]
 pub(super) async fn claimed(
     orders: &Orders,
@@ -108,26 +130,27 @@ pub(super) async fn claimed(
     outcome: &ChargeOutcome,
     claim: &Claim,
 ) -> Result<Done, CheckoutError> {
-    // The function of migrations/V7, on one PostgreSQL and on Citus alike
+    // The function of migrations/V15, on one PostgreSQL and on Citus alike
     // (place.rs says why): $1-$7 are the engine's, then the order's id, its
-    // new status and Payrail's charge id.
-    static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 3));
+    // new status, Payrail's charge id and decline code.
+    static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 4));
     let (status, charge_id) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
-    let answer = (orders.answer)(&order, Reason::of(outcome));
+    order.decline_code = Reason::of(outcome).code();
+    let answer = (orders.answer)(&order);
     let client = orders.pool.get().await?;
     let (fence, row) = claim
         .store_with(
             &client,
             &SETTLE,
             &answer,
-            &[&order.order_id, &status, &charge_id],
+            &[&order.order_id, &status, &charge_id, &order.decline_code],
         )
         .await?;
     let moved = row.try_get::<_, bool>("settled")?;
     if moved {
-        counted(&order, Reason::of(outcome));
+        counted(&order);
     }
     if !moved {
         let settled = load(&client, &claim.user_id, order.order_id)
@@ -142,7 +165,7 @@ pub(super) async fn claimed(
             // Being canceled: its answer is stored when Payrail confirms.
             return Err(CheckoutError::Canceling);
         }
-        return Ok(Done::Stored((orders.answer)(&settled, Reason::Unknown)));
+        return Ok(Done::Stored((orders.answer)(&settled)));
     }
     Ok(match fence {
         Fence::Held => Done::Stored(answer),
@@ -173,7 +196,8 @@ impl Orders {
         outcome: &ChargeOutcome,
     ) -> Result<Settlement, CheckoutError> {
         let (status, charge_id) = decision(outcome);
-        self.settle_unclaimed_as(user_id, order_id, status, charge_id, Reason::of(outcome))
+        let code = Reason::of(outcome).code();
+        self.settle_unclaimed_as(user_id, order_id, status, charge_id, code)
             .await
     }
 
@@ -186,14 +210,8 @@ impl Orders {
         order_id: Uuid,
         charge_id: Option<&String>,
     ) -> Result<Settlement, CheckoutError> {
-        self.settle_unclaimed_as(
-            user_id,
-            order_id,
-            OrderStatus::Failed,
-            charge_id,
-            Reason::None,
-        )
-        .await
+        self.settle_unclaimed_as(user_id, order_id, OrderStatus::Failed, charge_id, None)
+            .await
     }
 
     async fn settle_unclaimed_as(
@@ -202,11 +220,11 @@ impl Orders {
         order_id: Uuid,
         status: OrderStatus,
         charge_id: Option<&String>,
-        reason: Reason,
+        decline_code: Option<&str>,
     ) -> Result<Settlement, CheckoutError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let settled = settle(&tx, user_id, order_id, status, charge_id).await?;
+        let settled = settle(&tx, user_id, order_id, status, charge_id, decline_code).await?;
         let (order, applied) = match settled {
             Some(order) => (order, true),
             None => match load(&tx, user_id, order_id).await? {
@@ -228,12 +246,12 @@ impl Orders {
             &order.user_id,
             &order.idempotency_key,
             &order_id.to_string(),
-            &(self.answer)(&order, reason),
+            &(self.answer)(&order),
         )
         .await?;
         tx.commit().await?;
         if applied {
-            counted(&order, reason);
+            counted(&order);
         }
         Ok(if applied {
             Settlement::Applied(order)
@@ -273,9 +291,10 @@ pub async fn record_decision(
     outcome: &ChargeOutcome,
 ) -> Result<Option<Order>, crate::db::DbError> {
     let (status, charge_id) = decision(outcome);
-    let settled = settle(client, user_id, order_id, status, charge_id).await?;
+    let code = Reason::of(outcome).code();
+    let settled = settle(client, user_id, order_id, status, charge_id, code).await?;
     if let Some(order) = &settled {
-        counted(order, Reason::of(outcome));
+        counted(order);
     }
     Ok(settled)
 }
@@ -288,23 +307,28 @@ fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
     }
 }
 
-/// Settles a pending order (giving the holds of an order not paid back)
-/// and returns it; `None` when it was settled already, or is being
-/// canceled and this is a charge answer, or is not and this is `failed`.
+/// Settles a pending order (giving the holds of an order not paid back,
+/// recording a decline's reason) and returns it; `None` when it was
+/// settled already, or is being canceled and this is a charge answer, or
+/// is not and this is `failed`.
 async fn settle(
     client: &impl GenericClient,
     user_id: &str,
     order_id: Uuid,
     status: OrderStatus,
     charge_id: Option<&String>,
+    decline_code: Option<&str>,
 ) -> Result<Option<Order>, crate::db::DbError> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM checkout_settle_order($1, $2, $3, $4)"
+            "SELECT {COLUMNS} FROM checkout_settle_order($1, $2, $3, $4, $5)"
         ))
         .await?;
     client
-        .query_opt(&statement, &[&user_id, &order_id, &status, &charge_id])
+        .query_opt(
+            &statement,
+            &[&user_id, &order_id, &status, &charge_id, &decline_code],
+        )
         .await?
         .map(|row| Order::from_row(&row))
         .transpose()
