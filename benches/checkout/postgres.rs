@@ -125,7 +125,7 @@ impl Server {
         let mut sum = 0;
         for worker in &self.workers {
             let client = connect(&format!("{worker}/postgres")).await;
-            wait_idle(&client, &self.database, 0).await;
+            wait_quiet(&client, &self.database).await;
             sum += commits(&client, &self.database).await;
         }
         sum
@@ -168,24 +168,29 @@ impl Server {
     }
 }
 
-/// Waits until at most `others` backends are connected to `database`.
-pub async fn wait_idle(monitor: &tokio_postgres::Client, database: &str, others: i64) {
+/// Waits until every backend of `database` has been idle for 1.5 s (or is
+/// gone): a backend sends its counters to pg_stat_database within a second
+/// of its last transaction, or when it exits. Idle ones may stay: on a
+/// Citus worker, the coordinator keeps its connections open.
+pub async fn wait_quiet(monitor: &tokio_postgres::Client, database: &str) {
     for _ in 0..200 {
-        let connected: i64 = monitor
+        let busy: i64 = monitor
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = $1 AND backend_type = 'client backend'",
+                 WHERE datname = $1 AND backend_type = 'client backend'
+                   AND (state IS DISTINCT FROM 'idle'
+                        OR state_change > now() - interval '1.5 s')",
                 &[&database],
             )
             .await
             .expect("pg_stat_activity")
             .get(0);
-        if connected <= others {
+        if busy == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("  (backends of {database} still connected after 10 s)");
+    println!("  (backends of {database} still busy after 10 s)");
 }
 
 pub async fn commits(monitor: &tokio_postgres::Client, database: &str) -> i64 {

@@ -163,8 +163,7 @@ pub async fn orders(bench: &mut Bench) {
     )
     .await;
     app.stop().await;
-    // A backend's counters reach pg_stat_database when it exits.
-    postgres::wait_idle(&monitor, &database, 0).await;
+    postgres::wait_quiet(&monitor, &database).await;
     let commits_after = postgres::commits(&monitor, &database).await;
     let worker_commits = bench.pg.worker_commits().await - worker_commits_before;
     if counted {
