@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::Orders;
+use stagedoor_checkout::config::Settings;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
 use stagedoor_checkout::{db, http, payrail};
 use tokio::sync::Barrier;
@@ -25,6 +26,15 @@ async fn retry_until_answered(app: &TestApp, buyer: &str, key: &str, holds: &[i6
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     panic!("the click never got an answer");
+}
+
+/// A reconciliation of its own on the instance's database and Payrail, run
+/// by the test when it chooses.
+fn reconciliation(settings: &Settings) -> Reconcile {
+    let pool = db::pool(&settings.database).unwrap();
+    let payrail = payrail::Client::new(&settings.payrail, &settings.payrail.base_url).unwrap();
+    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
+    Reconcile::new(pool, orders, &settings.reconcile)
 }
 
 #[tokio::test]
@@ -284,14 +294,7 @@ async fn a_decline_settled_by_reconciliation_first_answers_the_click_as_its_repl
     // Declined at Payrail, the click's answer held back: reconciliation
     // asks again with the order's key and hears the decline at once.
     app.set_faults(json!({})).await;
-    let pool = db::pool(&app.settings.database).unwrap();
-    let payrail =
-        payrail::Client::new(&app.settings.payrail, &app.settings.payrail.base_url).unwrap();
-    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
-    let report = Reconcile::new(pool, orders, &app.settings.reconcile)
-        .run()
-        .await
-        .unwrap();
+    let report = reconciliation(&app.settings).run().await.unwrap();
     assert_eq!(report.settled, 1, "reconciliation settled the order first");
 
     let first = click.await.unwrap();
@@ -351,11 +354,7 @@ async fn instances_reconciling_at_once_settle_each_pending_order_once() {
     let runs = (0..INSTANCES).map(|_| {
         let (settings, barrier) = (app.settings.clone(), barrier.clone());
         tokio::spawn(async move {
-            let pool = db::pool(&settings.database).unwrap();
-            let payrail =
-                payrail::Client::new(&settings.payrail, &settings.payrail.base_url).unwrap();
-            let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
-            let reconcile = Reconcile::new(pool, orders, &settings.reconcile);
+            let reconcile = reconciliation(&settings);
             barrier.wait().await;
             reconcile.run().await.unwrap()
         })

@@ -53,13 +53,6 @@ labels! {
 }
 
 impl Reason {
-    fn of(outcome: &ChargeOutcome) -> Self {
-        let ChargeOutcome::Declined { code, .. } = outcome else {
-            return Reason::None;
-        };
-        code.as_deref().map_or(Reason::Unknown, Reason::named)
-    }
-
     /// The reason a decline code names (one of Payrail's, or one an order
     /// recorded), `Other` for a code not listed.
     pub(super) fn named(code: &str) -> Self {
@@ -69,15 +62,6 @@ impl Reason {
             .filter(|reason| !matches!(reason, Reason::None | Reason::Other | Reason::Unknown))
             .find(|reason| crate::observe::Label::as_str(*reason) == code)
             .unwrap_or(Reason::Other)
-    }
-
-    /// What a declined order records and its answer says: the code heard,
-    /// bounded; nothing when none was heard.
-    fn code(self) -> Option<&'static str> {
-        match self {
-            Reason::None | Reason::Unknown => None,
-            said => Some(crate::observe::Label::as_str(said)),
-        }
     }
 
     /// The reason a settled order was counted under.
@@ -134,10 +118,10 @@ pub(super) async fn claimed(
     // (place.rs says why): $1-$7 are the engine's, then the order's id, its
     // new status, Payrail's charge id and decline code.
     static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 4));
-    let (status, charge_id) = decision(outcome);
+    let (status, charge_id, decline_code) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
-    order.decline_code = Reason::of(outcome).code();
+    order.decline_code = decline_code;
     let answer = (orders.answer)(&order);
     let client = orders.pool.get().await?;
     let (fence, row) = claim
@@ -195,8 +179,7 @@ impl Orders {
         order_id: Uuid,
         outcome: &ChargeOutcome,
     ) -> Result<Settlement, CheckoutError> {
-        let (status, charge_id) = decision(outcome);
-        let code = Reason::of(outcome).code();
+        let (status, charge_id, code) = decision(outcome);
         self.settle_unclaimed_as(user_id, order_id, status, charge_id, code)
             .await
     }
@@ -290,8 +273,7 @@ pub async fn record_decision(
     order_id: Uuid,
     outcome: &ChargeOutcome,
 ) -> Result<Option<Order>, crate::db::DbError> {
-    let (status, charge_id) = decision(outcome);
-    let code = Reason::of(outcome).code();
+    let (status, charge_id, code) = decision(outcome);
     let settled = settle(client, user_id, order_id, status, charge_id, code).await?;
     if let Some(order) = &settled {
         counted(order);
@@ -299,11 +281,18 @@ pub async fn record_decision(
     Ok(settled)
 }
 
-/// The order status and charge id that Payrail's decision means.
-fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>) {
+/// The order status, charge id and decline code that Payrail's decision
+/// means: the code bounded to the reasons the service knows (`other` for
+/// the rest), none when Payrail gave none.
+fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>, Option<&'static str>) {
     match outcome {
-        ChargeOutcome::Succeeded { charge_id } => (OrderStatus::Paid, Some(charge_id)),
-        ChargeOutcome::Declined { charge_id, .. } => (OrderStatus::Declined, charge_id.as_ref()),
+        ChargeOutcome::Succeeded { charge_id } => (OrderStatus::Paid, Some(charge_id), None),
+        ChargeOutcome::Declined { charge_id, code } => (
+            OrderStatus::Declined,
+            charge_id.as_ref(),
+            code.as_deref()
+                .map(|code| crate::observe::Label::as_str(Reason::named(code))),
+        ),
     }
 }
 
