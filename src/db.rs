@@ -233,9 +233,11 @@ pub async fn create_if_missing(settings: &DatabaseSettings) -> Result<(), DbErro
 }
 
 /// Applies pending migrations: the service's, then the idempotency engine's
-/// (which finds the key table that the service's V3 made in its shape). An
+/// (which finds the key table that the service's V3 made in its shape) with
+/// its functions, then the service's functions
+/// (`migrations/functions/checkout.sql`), which call the engine's. An
 /// advisory lock lets several instances start at once without running the
-/// same migration twice.
+/// same migration twice or replacing one function twice at once.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     const MIGRATION_LOCK: i64 = 0x5354_4147_4544_4f4f; // "STAGEDOO"
     let (config, tls) = target(settings)?;
@@ -261,7 +263,15 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
 }
 
 async fn apply_all(client: &mut tokio_postgres::Client) -> Result<usize, DbError> {
-    let service = migrations::runner().run_async(client).await?;
+    const FUNCTIONS: &str = include_str!("../migrations/functions/checkout.sql");
+    let service = migrations::runner()
+        .run_async(client)
+        .await?
+        .applied_migrations()
+        .len();
     let engine = idempotency::migrate(client).await?;
-    Ok(service.applied_migrations().len() + engine)
+    // A migration of either may have dropped a function, or a type, that
+    // the service's functions define or return.
+    idempotency::replace_functions(client, "checkout", FUNCTIONS, service + engine > 0).await?;
+    Ok(service + engine)
 }

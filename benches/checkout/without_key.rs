@@ -16,7 +16,7 @@ use stagedoor_checkout::http;
 use stagedoor_checkout::payrail::{self, Charge};
 use uuid::Uuid;
 
-/// The order, with no key (migrations/V9).
+/// The order, with no key (migrations/functions/checkout.sql).
 const CREATE: &str = "SELECT * FROM checkout_make_order($1, '', $2, $3, $4, $5)";
 
 /// Makes, charges and settles an order for `user_id`'s holds: the answer

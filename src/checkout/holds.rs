@@ -1,6 +1,6 @@
 //! Holds: a buyer's claim on a seat until it expires or is ordered. The
 //! exclusion constraint `holds_one_per_seat` decides who gets a seat, and
-//! `checkout_place_hold` (migrations/V8, its count since V11) how many a
+//! `checkout_place_hold` (migrations/functions/checkout.sql) how many a
 //! buyer may hold.
 
 use std::time::{Duration, SystemTime};

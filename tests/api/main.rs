@@ -12,6 +12,7 @@ mod crash;
 mod database_tls;
 mod descriptors;
 mod expiry;
+mod functions;
 mod give_up;
 mod health;
 mod helpers;

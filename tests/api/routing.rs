@@ -274,11 +274,8 @@ async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
         return;
     };
     let answer = StoredResponse::new(201, "application/json", b"{}".to_vec());
-    // The settling guard reads `orders` beside the key row: named through
-    // `k.user_id`, Citus sent this statement to all 32 shards.
     let stored = idempotency::store_for_effect(
         &db.client,
-        orders::SETTLING,
         "alice",
         &new_key(),
         &Uuid::new_v4().to_string(),

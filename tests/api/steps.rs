@@ -1,5 +1,5 @@
 //! Each writing step's SQL, called as the service calls it, against the
-//! rows it must leave: the functions of migrations/V7, V8 and V9 and the
+//! rows it must leave: the functions of migrations/functions/checkout.sql and the
 //! engine's key writes in them. On one PostgreSQL and, in the Citus
 //! profile, on the cluster.
 
@@ -21,7 +21,8 @@ async fn place(
 ) -> tokio_postgres::Row {
     client
         .query_one(
-            "SELECT * FROM checkout_place_order($1, $2, $3, $4, $5, $6, $7, $8, 'USD', 'pm_card_visa')",
+            "SELECT (step.claim).*, step.*
+             FROM checkout_place_order($1, $2, $3, $4, $5, $6, $7, $8, 'USD', 'pm_card_visa') AS step",
             &[&user, &key, &HASH, &token, &LEASE, &TTL, &order_id, &holds],
         )
         .await

@@ -172,7 +172,7 @@ engine! {
     pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Rearms, Settling, Stats};
     pub use layout::Layout;
     pub use limit::Limit;
-    pub use migrate::{migrate, HISTORY_TABLE};
+    pub use migrate::{migrate, replace_functions, HISTORY_TABLE};
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
     pub use statement::{Opening, OpeningStep, Storing};

@@ -1,6 +1,6 @@
 //! Steps of one call: an effect written as a PL/pgSQL function of the
-//! caller's, which calls the engine's own functions (its migrations V4 and
-//! V5) for the key's writes, so that the effect and the key's new state
+//! caller's, which calls the engine's own functions
+//! (`migrations/functions/idempotency.sql`) for the key's writes, so that the effect and the key's new state
 //! commit together in one round trip and one commit, where a
 //! [`Unit`](crate::Unit)'s transaction around them costs four round trips.
 //!
@@ -22,10 +22,14 @@ use crate::{Claim, Error, Fence, StoredResponse};
 /// The work's first writing step, run as the claim itself: a PL/pgSQL
 /// function that takes the claim's six arguments ($1 `user_id`, $2 `key`,
 /// $3 the request hash, $4 the claim token, $5 the lease and $6 the TTL in
-/// seconds) and then `params` of its own, starts with
-/// `idempotency_open($1, ..., $6)` into its first ten columns (`won` and
-/// the key's row) and writes nothing unless `won`; after its writes it
-/// calls `idempotency_link` for an effect that settles later.
+/// seconds) and then `params` of its own, returns a column `claim` of type
+/// `idempotency_claim_row` beside at least one of its own (a function with
+/// one column returns that column's type, whose fields PostgreSQL would
+/// then give as its columns), starts with
+/// `claim := idempotency_open($1, ..., $6)` and writes nothing unless
+/// `claim.won`; after its writes it calls `idempotency_link` for an effect
+/// that settles later. Its row comes back with the claim's columns first
+/// (`won` and the key's row), then its own.
 ///
 /// Handed to [`Engine::run`](crate::Engine::run), it replaces the claim's
 /// own statement: a first click is then one call and one commit for its
@@ -48,7 +52,8 @@ pub struct OpeningStep(String);
 
 impl OpeningStep {
     pub fn new(function: &str, params: usize) -> Self {
-        Self(call(function, Opening::CLAIM_PARAMS + params))
+        let call = call(function, Opening::CLAIM_PARAMS + params);
+        Self(format!("SELECT (step.claim).*, step.* FROM {call} AS step"))
     }
 
     /// The step with one request's own arguments, as many as it takes.
@@ -104,14 +109,17 @@ impl Storing {
     const ANSWER_PARAMS: usize = 7;
 
     pub fn new(function: &str, params: usize) -> Self {
-        Self(call(function, Self::ANSWER_PARAMS + params))
+        Self(format!(
+            "SELECT * FROM {}",
+            call(function, Self::ANSWER_PARAMS + params)
+        ))
     }
 }
 
-/// `SELECT * FROM name($1, ..., $params)`.
+/// `name($1, ..., $params)`.
 fn call(name: &str, params: usize) -> String {
     let args: Vec<String> = (1..=params).map(|n| format!("${n}")).collect();
-    format!("SELECT * FROM {name}({})", args.join(", "))
+    format!("{name}({})", args.join(", "))
 }
 
 impl Claim {
@@ -141,12 +149,7 @@ impl Claim {
                 ],
             )
             .await?;
-        let fence = if row.try_get("won")? {
-            Fence::Held
-        } else {
-            Fence::Lost
-        };
-        Ok((fence, Arc::new(row)))
+        Ok((Fence::of(row.try_get("won")?), Arc::new(row)))
     }
 
     /// Runs a [`Storing`] step outside any transaction: the outcome and the
@@ -171,11 +174,6 @@ impl Claim {
         let statement = client.prepare_cached(&step.0).await?;
         let params: Vec<&(dyn ToSql + Sync)> = ours.iter().chain(params).copied().collect();
         let row = client.query_one(&statement, &params).await?;
-        let fence = if row.try_get("held")? {
-            Fence::Held
-        } else {
-            Fence::Lost
-        };
-        Ok((fence, row))
+        Ok((Fence::of(row.try_get("held")?), row))
     }
 }

@@ -37,8 +37,9 @@ pub(crate) enum Begin {
 }
 
 /// The claim: the key's insert, and the read of the row it lost to, in one
-/// call (the engine's V3): one round trip whether it wins or not. The
-/// insert commits without waiting for its WAL flush (V3 says why it may).
+/// call (`idempotency_claim`, `migrations/functions/idempotency.sql`): one
+/// round trip whether it wins or not. The insert commits without waiting
+/// for its WAL flush (the function says why it may).
 /// With an [`Opening`], the call is the opening step's, which also makes
 /// the step's effect when the insert won, and commits as usual.
 const CLAIM: &str = "SELECT * FROM idempotency_claim($1, $2, $3, $4, $5, $6)";

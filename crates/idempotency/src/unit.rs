@@ -13,13 +13,10 @@
 //! order every other writer of these rows keeps too, so units never deadlock
 //! with each other or with a takeover.
 
-use std::sync::LazyLock;
-
 use deadpool_postgres::{GenericClient, Object, Transaction};
-use tokio_postgres::types::ToSql;
 
 use crate::claim::{Claim, Done};
-use crate::{Error, Settling, StoredResponse};
+use crate::{Error, StoredResponse};
 
 /// One transaction of a claim's work; see the module documentation.
 pub struct Unit<'a> {
@@ -35,6 +32,17 @@ pub enum Fence {
     Held,
     /// Another request took the key over; nothing of this unit may commit.
     Lost,
+}
+
+impl Fence {
+    /// What a fenced write of the key row that `held` (or not) proves.
+    pub(crate) fn of(held: bool) -> Self {
+        if held {
+            Fence::Held
+        } else {
+            Fence::Lost
+        }
+    }
 }
 
 /// How a unit ended.
@@ -86,15 +94,11 @@ impl<'a> Unit<'a> {
     pub async fn link(&self, effect: &str) -> Result<Fence, Error> {
         let statement = self
             .tx
-            .prepare_cached(
-                "UPDATE idempotency_keys SET effect = $4
-                 WHERE user_id = $1 AND key = $2 AND claim_token = $3
-                   AND response_status IS NULL AND effect IS NULL",
-            )
+            .prepare_cached("SELECT idempotency_link($1, $2, $3, $4)")
             .await?;
-        let linked = self
+        let row = self
             .tx
-            .execute(
+            .query_one(
                 &statement,
                 &[
                     &self.claim.user_id,
@@ -104,11 +108,7 @@ impl<'a> Unit<'a> {
                 ],
             )
             .await?;
-        Ok(if linked == 1 {
-            Fence::Held
-        } else {
-            Fence::Lost
-        })
+        Ok(Fence::of(row.try_get(0)?))
     }
 
     /// Commits the unit while the claim holds; rolls it back otherwise.
@@ -133,30 +133,18 @@ impl<'a> Unit<'a> {
 }
 
 /// Stores the outcome of a settled effect on the key that made it, if that
-/// key still belongs to the same intent and has no answer yet: for whoever
-/// settles an effect outside any claim (a reconciliation job), in its own
-/// transaction with the settlement. False when there was nothing to store on.
-///
-/// The key forgets its link with the answer, unless `settling` (evaluated
-/// in the statement, so after the settlement written before it in the same
-/// transaction) says the effect is still settling: an answer given before
-/// its effect settled (a 202) keeps the key from a purge until it has.
+/// key still links the effect and has no answer yet: for whoever settles
+/// an effect outside any claim (a reconciliation job), in its own
+/// transaction with the settlement. False when there was nothing to store
+/// on. The key forgets its link with the answer.
 pub async fn store_for_effect(
     client: &impl GenericClient,
-    settling: Settling,
     user_id: &str,
     key: &str,
     effect: &str,
     response: &StoredResponse,
 ) -> Result<bool, Error> {
-    let sql = format!(
-        "UPDATE idempotency_keys AS k
-         SET {SET_ANSWER}, effect = CASE WHEN {} THEN k.effect END
-         WHERE k.user_id = $1 AND k.key = $2 AND k.effect = $3 AND k.response_status IS NULL",
-        settling.of_one_key()
-    );
-    let stored = write_answer(client, &sql, user_id, key, &effect, response).await?;
-    Ok(stored == 1)
+    write_answer(client, user_id, key, None, Some(effect), response).await
 }
 
 /// The answer's write, fenced by the claim token: in a unit, or on its own
@@ -166,61 +154,45 @@ pub(crate) async fn store_answer(
     claim: &Claim,
     response: &StoredResponse,
 ) -> Result<Fence, Error> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "UPDATE idempotency_keys SET {SET_ANSWER}, effect = NULL
-             WHERE user_id = $1 AND key = $2 AND claim_token = $3 AND response_status IS NULL"
-        )
-    });
     let stored = write_answer(
         client,
-        &SQL,
         &claim.user_id,
         claim.key.as_str(),
-        &claim.token,
+        Some(claim.token),
+        None,
         response,
     )
     .await?;
-    Ok(if stored == 1 {
-        Fence::Held
-    } else {
-        Fence::Lost
-    })
+    Ok(Fence::of(stored))
 }
 
-/// How every write of an answer sets the key row's columns: $4 status, $5
-/// content type, $6 location, $7 body (`write_answer` binds them).
-/// An answered key is never taken over, fenced or resumed again, so its
-/// claim (the token and the lease) goes with the write, and so does the
-/// link to an effect that has settled (each write says when it has): with
-/// them goes a tenth of the row.
-const SET_ANSWER: &str = "response_status = $4, response_content_type = $5, \
-                                     response_location = $6, response_body = $7, \
-                                     claim_token = NULL, lease_expires_at = NULL";
-
-/// Runs one of the two answer writes above; `fence` is what its condition
-/// names besides the key (the claim token, or the effect).
+/// The one write of an answer, `idempotency_store`: fenced by the claim
+/// token, or with none by the effect the key still links.
 async fn write_answer(
     client: &impl GenericClient,
-    sql: &str,
     user_id: &str,
     key: &str,
-    fence: &(dyn ToSql + Sync),
+    token: Option<i64>,
+    effect: Option<&str>,
     response: &StoredResponse,
-) -> Result<u64, Error> {
-    let statement = client.prepare_cached(sql).await?;
-    Ok(client
-        .execute(
+) -> Result<bool, Error> {
+    let statement = client
+        .prepare_cached("SELECT idempotency_store($1, $2, $3, $4, $5, $6, $7, $8)")
+        .await?;
+    let row = client
+        .query_one(
             &statement,
             &[
                 &user_id,
                 &key,
-                fence,
+                &token,
                 &(response.status as i16),
                 &response.content_type,
                 &response.location,
                 &response.body,
+                &effect,
             ],
         )
-        .await?)
+        .await?;
+    Ok(row.try_get(0)?)
 }

@@ -27,7 +27,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 5);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 6);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(
@@ -365,16 +365,11 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     // A job that settles the effect outside any claim stores its answer.
     let client = toy.pool.get().await.unwrap();
     let answer = StoredResponse::new(200, "text/plain", b"settled".to_vec());
-    assert!(idempotency::store_for_effect(
-        &client,
-        idempotency::Settling::NEVER,
-        "alice",
-        "settling",
-        "effect-7",
-        &answer
-    )
-    .await
-    .unwrap());
+    assert!(
+        idempotency::store_for_effect(&client, "alice", "settling", "effect-7", &answer)
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         Paused::start(&engine, "alice", &k, &h).await.map(Paused::crash),
         Err(Reply::Replay(ref replay)) if *replay == answer
@@ -497,18 +492,12 @@ async fn one_call_steps(toy: &Toy) -> (Opening, Storing) {
             "CREATE FUNCTION bump(p_user_id text, p_key text, p_request_hash bytea,
                                   p_claim_token bigint, p_lease_secs float8,
                                   p_ttl_secs float8, p_note text)
-             RETURNS TABLE (won boolean, request_hash bytea, claim_token bigint,
-                            response_status smallint, response_content_type text,
-                            response_location text, response_body bytea, expired boolean,
-                            lease_over boolean, life_secs float8, bump_id bigint)
+             RETURNS TABLE (claim idempotency_claim_row, bump_id bigint)
              LANGUAGE plpgsql AS $$
              BEGIN
-                 SELECT * INTO won, request_hash, claim_token, response_status,
-                               response_content_type, response_location, response_body,
-                               expired, lease_over, life_secs
-                 FROM idempotency_open(p_user_id, p_key, p_request_hash, p_claim_token,
-                                       p_lease_secs, p_ttl_secs);
-                 IF won THEN
+                 claim := idempotency_open(p_user_id, p_key, p_request_hash, p_claim_token,
+                                           p_lease_secs, p_ttl_secs);
+                 IF claim.won THEN
                      INSERT INTO bumps (note) VALUES (p_note) RETURNING bumps.bump_id INTO bump_id;
                      PERFORM idempotency_link(p_user_id, p_key, p_claim_token,
                                               'bump-' || bump_id);

@@ -45,15 +45,16 @@ async fn toy() -> Toy {
              CREATE FUNCTION link_pending(
                  p_user_id text, p_key text, p_request_hash bytea, p_claim_token bigint,
                  p_lease_secs float8, p_ttl_secs float8, p_effect_id bigint)
-             RETURNS TABLE (won boolean) LANGUAGE plpgsql AS $$
+             RETURNS TABLE (claim idempotency_claim_row, linked boolean)
+             LANGUAGE plpgsql AS $$
              BEGIN
-                 SELECT o.won INTO won FROM idempotency_open(p_user_id, p_key, p_request_hash,
-                     p_claim_token, p_lease_secs, p_ttl_secs) AS o;
-                 IF won THEN
+                 claim := idempotency_open(p_user_id, p_key, p_request_hash, p_claim_token,
+                                           p_lease_secs, p_ttl_secs);
+                 IF claim.won THEN
                      INSERT INTO effects (effect_id, pending) OVERRIDING SYSTEM VALUE
                      VALUES (p_effect_id, true);
-                     PERFORM idempotency_link(p_user_id, p_key, p_claim_token,
-                                              p_effect_id::text);
+                     linked := idempotency_link(p_user_id, p_key, p_claim_token,
+                                                p_effect_id::text);
                  END IF;
                  RETURN NEXT;
              END $$;",

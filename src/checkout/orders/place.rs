@@ -1,8 +1,8 @@
 //! A claimed click on "pay": make the order (or resume the one an earlier
 //! holder of the key made), charge it, settle it. The order is the claim's
-//! opening step (`idempotency::Opening`, the function of
-//! `migrations/V9`): one call and one commit for the key, the holds, the
-//! order and its link. Then Payrail, with no transaction and no connection
+//! opening step (`idempotency::Opening`, `checkout_place_order` of
+//! `migrations/functions/checkout.sql`): one call and one commit for the
+//! key, the holds, the order and its link. Then Payrail, with no transaction and no connection
 //! held, and the settlement, one call (`idempotency::Storing`). On Citus
 //! the holds stay on the coordinator and the order and its key go to the
 //! buyer's worker, with each commit on those two nodes alone.

@@ -114,9 +114,9 @@ pub(super) async fn claimed(
     outcome: &ChargeOutcome,
     claim: &Claim,
 ) -> Result<Done, CheckoutError> {
-    // The function of migrations/V15, on one PostgreSQL and on Citus alike
-    // (place.rs says why): $1-$7 are the engine's, then the order's id, its
-    // new status, Payrail's charge id and decline code.
+    // `checkout_settle_claimed` (migrations/functions/checkout.sql), on one
+    // PostgreSQL and on Citus alike: $1-$7 are the engine's, then the
+    // order's id, its new status, Payrail's charge id and decline code.
     static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 4));
     let (status, charge_id, decline_code) = decision(outcome);
     order.status = status;
@@ -225,7 +225,6 @@ impl Orders {
         };
         idempotency::store_for_effect(
             &tx,
-            super::SETTLING,
             &order.user_id,
             &order.idempotency_key,
             &order_id.to_string(),

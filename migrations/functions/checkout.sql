@@ -1,0 +1,208 @@
+-- The checkout's functions, as they are now: every body lives here alone
+-- and is applied with CREATE OR REPLACE after the versioned migrations
+-- (which keep the tables, indexes and types), whenever this file changed
+-- (`db::migrate`). A change of a function's arguments or result needs a
+-- versioned migration that drops the old form first.
+--
+-- A click's writing steps are functions because they touch both the
+-- buyer's rows (`orders`, `order_events`, `idempotency_keys`) and the seat
+-- side (`holds`, `seats`). On Citus the buyer's rows live on a worker and
+-- the seat side on the coordinator (scripts/citus-distribute.sql): in a
+-- function each statement goes whole to the node of its rows, and the
+-- commit spans the coordinator and the buyer's worker alone, where one CTE
+-- over both was planned as subplans sent to every worker. On one
+-- PostgreSQL each step is one call, one round trip and one commit. The
+-- key's own writes are the engine's functions
+-- (crates/idempotency/migrations/functions/idempotency.sql).
+
+-- Holds `p_seat_id` for `p_user_id` for `p_ttl_secs`, unless the buyer
+-- already has `p_max` seats of the seat's event: live holds no order has
+-- taken, plus holds in orders still waiting for their payment (whatever
+-- their `expires_at`: an order keeps its seats until it settles). Then one
+-- row with `over_limit` and nothing written. No row when there is no such
+-- seat. A seat held by someone else raises the exclusion violation of
+-- `holds_one_per_seat`, as a plain insert does.
+--
+-- Racers for one seat queue on its row lock first (src/checkout/holds.rs
+-- says why). Then one buyer's holds on one event queue on an advisory lock
+-- of that pair, held to the end of the transaction (a keyed hold's unit
+-- commits its answer with it): the count runs after it is granted, and a
+-- function's statement takes a fresh snapshot under READ COMMITTED, so it
+-- sees every hold of that buyer committed before. The two-key form keeps
+-- these locks apart from the single-key ones of migrations and cleanup.
+--
+-- A hold is in a pending order exactly when it has an `order_id` and is
+-- not `sold`, so the count reads holds alone, never `orders` (on Citus the
+-- call stays on the coordinator, which holds the seat side), each part
+-- through its partial index on the buyer.
+CREATE OR REPLACE FUNCTION checkout_place_hold(
+    p_seat_id bigint, p_user_id text, p_ttl_secs float8, p_max bigint
+)
+RETURNS TABLE (new_hold_id bigint, new_expires_at timestamptz, over_limit boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_event_id text;
+BEGIN
+    SELECT s.event_id INTO v_event_id FROM seats s
+    WHERE s.seat_id = p_seat_id
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(v_event_id), hashtext(p_user_id));
+    IF (SELECT count(*) FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+        WHERE h.user_id = p_user_id AND h.order_id IS NULL AND h.expires_at > now()
+          AND s.event_id = v_event_id)
+       + (SELECT count(*) FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+          WHERE h.user_id = p_user_id AND h.order_id IS NOT NULL AND NOT h.sold
+            AND s.event_id = v_event_id) >= p_max THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, true;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    INSERT INTO holds (seat_id, user_id, expires_at)
+    VALUES (p_seat_id, p_user_id, now() + make_interval(secs => p_ttl_secs))
+    RETURNING holds.hold_id, holds.expires_at, false;
+END
+$$;
+
+-- The order itself, with no key: the buyer's live holds locked in id order
+-- (as every writer of holds locks them) and claimed, and the order written,
+-- all or nothing. `all_held` is false, and nothing written, when a hold is
+-- not the buyer's to order.
+CREATE OR REPLACE FUNCTION checkout_make_order(
+    p_user_id text, p_key text, p_order_id uuid, p_hold_ids bigint[], p_currency text,
+    p_payment_method text
+)
+RETURNS TABLE (all_held boolean, created_at timestamptz, amount_cents bigint, seats text[])
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    n_held bigint;
+    amount bigint;
+    labels text[];
+BEGIN
+    WITH mine AS (
+        SELECT h.hold_id, s.label, s.price_cents
+        FROM holds h JOIN seats s ON s.seat_id = h.seat_id
+        WHERE h.hold_id = ANY (p_hold_ids) AND h.user_id = p_user_id
+          AND h.order_id IS NULL AND h.expires_at > now()
+        ORDER BY h.hold_id
+        FOR UPDATE OF h
+    )
+    SELECT count(*), sum(price_cents)::bigint,
+           array_agg(label ORDER BY array_position(p_hold_ids, hold_id))
+    INTO n_held, amount, labels
+    FROM mine;
+    all_held := n_held = cardinality(p_hold_ids);
+    IF all_held THEN
+        UPDATE holds SET order_id = p_order_id WHERE hold_id = ANY (p_hold_ids);
+        INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
+                            payment_method, hold_ids, seats, idempotency_key)
+        VALUES (p_order_id, p_user_id, 'payment_pending', amount, p_currency,
+                p_payment_method, p_hold_ids, labels, p_key)
+        RETURNING orders.created_at, orders.amount_cents, orders.seats
+        INTO created_at, amount_cents, seats;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- A click's order step, which is the click's claim too
+-- (`idempotency::Opening`): one call and one commit make the key, take the
+-- buyer's holds, write the order and link it to the key. The key's insert
+-- comes first and decides (the first six arguments and `claim` are the
+-- engine's `idempotency_open`): a call that does not win the key touches
+-- no hold and no order, and returns the key's row for the engine to answer
+-- from. The order is linked so that a takeover resumes it.
+CREATE OR REPLACE FUNCTION checkout_place_order(
+    p_user_id text, p_key text, p_request_hash bytea, p_claim_token bigint,
+    p_lease_secs float8, p_ttl_secs float8,
+    p_order_id uuid, p_hold_ids bigint[], p_currency text, p_payment_method text
+)
+RETURNS TABLE (claim idempotency_claim_row, all_held boolean, created_at timestamptz,
+               amount_cents bigint, seats text[])
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    claim := idempotency_open(p_user_id, p_key, p_request_hash, p_claim_token,
+                              p_lease_secs, p_ttl_secs);
+    IF claim.won THEN
+        SELECT * INTO all_held, created_at, amount_cents, seats
+        FROM checkout_make_order(p_user_id, p_key, p_order_id, p_hold_ids, p_currency,
+                                 p_payment_method);
+        IF all_held THEN
+            PERFORM idempotency_link(p_user_id, p_key, p_claim_token, p_order_id::text);
+        END IF;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- Settles a pending order (a declined or failed one gives its holds back,
+-- a declined one keeps Payrail's reason) and returns it; no row when it
+-- was settled already, or is being canceled and this is a charge answer,
+-- or is not and this is `failed`. The order row is locked first, its holds
+-- next, as every writer of both does.
+--
+-- The shop hears every outcome: when, and only when, the update moved the
+-- order out of `payment_pending`, its event (`order_events`) is inserted
+-- in the same call, hence the same transaction, on every path that settles
+-- (the click, a takeover, Payrail's event, reconciliation, the give-up): a
+-- transactional outbox that `jobs::outcomes` delivers.
+CREATE OR REPLACE FUNCTION checkout_settle_order(
+    p_user_id text, p_order_id uuid, p_status text, p_charge_id text,
+    p_decline_code text DEFAULT NULL
+)
+RETURNS SETOF orders
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    settled orders;
+BEGIN
+    UPDATE orders
+    SET status = p_status, charge_id = p_charge_id, decline_code = p_decline_code,
+        updated_at = now()
+    WHERE user_id = p_user_id AND order_id = p_order_id AND status = 'payment_pending'
+      AND (cancel_requested_at IS NULL) = (p_status <> 'failed')
+    RETURNING * INTO settled;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE holds
+    SET order_id = CASE WHEN p_status = 'paid' THEN order_id END,
+        sold = p_status = 'paid'
+    WHERE order_id = p_order_id;
+    INSERT INTO order_events (user_id, order_id, event_id, type)
+    VALUES (p_user_id, p_order_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''),
+            'order.' || p_status);
+    RETURN NEXT settled;
+END
+$$;
+
+-- A claimed click's settlement (`idempotency::Storing`): the order settled
+-- as above, then, only if this call moved it, the click's answer stored on
+-- its key while the claim holds (`held`). The key row is written last.
+CREATE OR REPLACE FUNCTION checkout_settle_claimed(
+    p_user_id text, p_key text, p_claim_token bigint,
+    p_status smallint, p_content_type text, p_location text, p_body bytea,
+    p_order_id uuid, p_order_status text, p_charge_id text,
+    p_decline_code text DEFAULT NULL
+)
+RETURNS TABLE (held boolean, settled boolean)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM checkout_settle_order(p_user_id, p_order_id, p_order_status, p_charge_id,
+                                         p_decline_code);
+    settled := FOUND;
+    held := false;
+    IF settled THEN
+        held := idempotency_store(p_user_id, p_key, p_claim_token,
+                                  p_status, p_content_type, p_location, p_body);
+    END IF;
+    RETURN NEXT;
+END
+$$;
