@@ -76,9 +76,9 @@ pub async fn create(
     let orders = &state.orders;
     // An order that cannot be made is still the click's answer, stored on
     // its key: refused in the work, after the claim.
-    let click = NewOrder::parse(hold_ids, &payment_method).map(Click::new);
+    let click = NewOrder::parse(hold_ids, &payment_method).map(|request| orders.click(request));
     let click = click.as_ref().map_err(|refusal| *refusal);
-    let opening = click.ok().and_then(|click| orders.opening(click));
+    let opening = click.ok().and_then(Click::opening);
     let answered = idempotent::run(
         &state,
         &buyer.0,

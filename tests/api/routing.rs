@@ -25,7 +25,7 @@ use idempotency::{
 };
 use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
-use stagedoor_checkout::checkout::orders::{self, outbox, Click, NewOrder, Orders, Settlement};
+use stagedoor_checkout::checkout::orders::{self, outbox, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use test_support::paused::Paused;
 use tokio::sync::mpsc;
@@ -332,7 +332,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     );
     let paying = claim(&db.pool).await;
     db.sent();
-    let order = Click::new(NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"));
+    let order = orders.click(NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"));
     let done = orders.place(&paying, &order).await.expect("the order");
     let idempotency::Done::Stored(answer) = done else {
         panic!("a paid order is stored: {done:?}");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
-use stagedoor_checkout::checkout::orders::{Click, NewOrder, Orders};
+use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
 use stagedoor_checkout::{http, payrail};
 use test_support::paused::{Failed, Paused};
 
@@ -108,7 +108,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let request = Click::new(NewOrder::parse(vec![hold], "pm_card_visa").unwrap());
+    let request = orders.click(NewOrder::parse(vec![hold], "pm_card_visa").unwrap());
     let mut client = pool.get().await.unwrap();
 
     let engine = Engine::new(pool.clone(), policy);

@@ -15,18 +15,32 @@ use uuid::Uuid;
 
 use super::{settle, NewOrder, Order, OrderStatus, Orders, CURRENCY};
 use crate::checkout::CheckoutError;
+use crate::payrail::PaymentError;
 
 /// A click's order as asked, before its key is claimed: the order's id and
 /// the call that makes it are chosen once, so that the claim's own call can
-/// make the order.
+/// make the order, and so is whether Payrail is ready for it.
 pub struct Click {
     order_id: Uuid,
     request: NewOrder,
     opening: Opening,
+    /// Payrail's breaker, read once for the click: while it is open, no
+    /// step writes anything (the key is released), and a retry of an
+    /// answered click is still answered.
+    ready: Result<(), PaymentError>,
 }
 
 impl Click {
-    pub fn new(request: NewOrder) -> Self {
+    /// The step the claim of this click opens with: none while Payrail is
+    /// not ready.
+    pub fn opening(&self) -> Option<&Opening> {
+        self.ready.is_ok().then_some(&self.opening)
+    }
+}
+
+impl Orders {
+    /// The click of `request`, with Payrail's readiness as of now.
+    pub fn click(&self, request: NewOrder) -> Click {
         // $7 order_id, $8 hold_ids, $9 currency, $10 payment_method.
         static PLACE: LazyLock<OpeningStep> =
             LazyLock::new(|| OpeningStep::new("checkout_place_order", 4));
@@ -37,20 +51,12 @@ impl Click {
             Box::new(CURRENCY),
             Box::new(request.payment_method.as_str().to_owned()),
         ]);
-        Self {
+        Click {
             order_id,
             request,
             opening,
+            ready: self.payrail.ready(),
         }
-    }
-}
-
-impl Orders {
-    /// The step the claim of a click opens with: none while Payrail is
-    /// known to be down, so that a new click writes nothing (its key is
-    /// released) while a retry is still answered.
-    pub fn opening<'c>(&self, click: &'c Click) -> Option<&'c Opening> {
-        self.payrail.ready().is_ok().then_some(&click.opening)
     }
 
     /// Does the work of a claimed `POST /orders`. A refusal (holds
@@ -100,11 +106,11 @@ impl Orders {
         let opened = match claim.opened() {
             Some(row) => row,
             None => {
-                // Payrail was down when the claim was made, or the claim was
-                // won another way: fail before writing anything while
-                // Payrail is known to be down. The key is then released and
-                // a retry starts afresh.
-                self.payrail.ready()?;
+                // Payrail was not ready for the click, or the claim was won
+                // another way: fail before writing anything while Payrail
+                // is known to be down. The key is then released and a
+                // retry starts afresh.
+                click.ready.clone()?;
                 let client = self.pool.get().await?;
                 match claim.open(&client, &click.opening).await? {
                     (Fence::Held, row) => row,
