@@ -254,7 +254,6 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     let mut engine = Engine::new(pool.clone(), policy)
         .with_gate(gate)
         .with_limit(limit.clone())
-        .with_settling(orders::SETTLING)
         .on_outcome(observe::idempotency)
         .on_wait(observe::idempotency_wait);
     // The listeners' own connections, outside the pool (and without the

@@ -152,6 +152,12 @@ $$;
 -- in the same call, hence the same transaction, on every path that settles
 -- (the click, a takeover, Payrail's event, reconciliation, the give-up): a
 -- transactional outbox that `jobs::outcomes` delivers.
+--
+-- The click's key, which links the order until its answer is stored, is
+-- told last (`idempotency_settled`): from then on it no longer outlives
+-- its TTL for the order's sake, and an order that was not paid gave its
+-- holds back, so the key's answer is all that stops a retry of the click
+-- from ordering and charging again: a purge keeps it until it expires.
 CREATE OR REPLACE FUNCTION checkout_settle_order(
     p_user_id text, p_order_id uuid, p_status text, p_charge_id text,
     p_decline_code text DEFAULT NULL
@@ -178,6 +184,8 @@ BEGIN
     INSERT INTO order_events (user_id, order_id, event_id, type)
     VALUES (p_user_id, p_order_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''),
             'order.' || p_status);
+    PERFORM idempotency_settled(p_user_id, settled.idempotency_key, p_order_id::text,
+                                p_status <> 'paid');
     RETURN NEXT settled;
 END
 $$;

@@ -122,8 +122,7 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
         }
         KeysCommand::Purge { click } => {
             let (user, key) = (click.user.as_str(), &click.key);
-            let (settling, rearms) = (orders::SETTLING, orders::REARMS);
-            match inspect::purge(&mut client, policy, user, key, settling, rearms).await? {
+            match inspect::purge(&mut client, policy, user, key).await? {
                 Purge::Purged(report) => {
                     print(&Document::of(&client, &click, Some(&report), false).await?)?;
                     FOUND
@@ -141,7 +140,7 @@ pub async fn run(command: KeysCommand, settings: &Settings) -> anyhow::Result<Ex
             }
         }
         KeysCommand::Stats => {
-            let stats = inspect::stats_with(&client, policy, orders::SETTLING).await?;
+            let stats = inspect::stats(&client, policy).await?;
             print(&StatsDocument::new(&stats, policy))?;
             FOUND
         }

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 pub use idempotency::cleanup::Swept;
 
-use crate::checkout::orders;
 use crate::observe::{labels, Counter, Metric};
 
 labels! {
@@ -40,9 +39,10 @@ pub struct Cleanup(idempotency::Cleanup);
 
 impl Cleanup {
     /// A key whose order is still waiting for its payment outlives its TTL
-    /// until the order settles (`orders::SETTLING`, as `keys purge` decides).
+    /// until the order settles (the settlement says so on the key, as
+    /// `keys purge` finds it).
     pub fn new(pool: Pool, ttl: Duration) -> Self {
-        Self(idempotency::Cleanup::new(pool, ttl).with_settling(orders::SETTLING))
+        Self(idempotency::Cleanup::new(pool, ttl))
     }
 
     pub async fn run(&self) -> Result<Swept, idempotency::Error> {

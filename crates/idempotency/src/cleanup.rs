@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
 
-use crate::{Error, Layout, Settling};
+use crate::{Error, Layout};
 
 /// Rows per statement on one PostgreSQL: large enough to go fast, small
 /// enough to stay brief (a few milliseconds). Each slice of the run is a
@@ -23,7 +23,6 @@ pub const CLEANUP_LOCK: i64 = 0x4944_454d_434c_4e55; // "IDEMCLNU"
 pub struct Cleanup {
     pool: Pool,
     ttl: Duration,
-    settling: Settling,
 }
 
 /// What a run did.
@@ -36,19 +35,7 @@ pub enum Swept {
 
 impl Cleanup {
     pub fn new(pool: Pool, ttl: Duration) -> Self {
-        Self {
-            pool,
-            ttl,
-            settling: Settling::NEVER,
-        }
-    }
-
-    /// Keeps an expired key whose linked effect is still `settling` until it
-    /// settles: its answer is still to be stored on it, and a retry of its
-    /// click must find it, not start a second effect.
-    pub fn with_settling(mut self, settling: Settling) -> Self {
-        self.settling = settling;
-        self
+        Self { pool, ttl }
     }
 
     /// Deletes every expired key, batch by batch, unless another instance is
@@ -109,7 +96,7 @@ impl Cleanup {
         loop {
             let started = Instant::now();
             let end = after + width;
-            let rows = delete_slice(client, self.ttl, self.settling, after, end).await?;
+            let rows = delete_slice(client, self.ttl, after, end).await?;
             deleted += rows;
             after = end;
             if rows == 0 {
@@ -195,33 +182,31 @@ async fn oldest_expired(
 }
 
 /// Deletes the expired keys of one slice of `created_at`, `(after, end]`,
-/// except those whose linked effect is `settling`; returns how many went.
+/// except those whose linked effect is still settling; returns how many
+/// went.
 ///
 /// One range of the `created_at` index, no per-row lookup: each row is
 /// deleted where the index scan finds it. It names no physical address
-/// (`ctid`), locks nothing beforehand and reads no other shard's rows, so
+/// (`ctid`), locks nothing beforehand and reads no other row or table, so
 /// on a table distributed by `user_id` (Citus) the same statement runs on
-/// every shard, each through its own index; the settling guard joins the
-/// caller's tables on `k.user_id`, which keeps it on the shard. A row that a
-/// request restarts meanwhile (an expired-key takeover sets `created_at` to
-/// now) survives because the expiry is part of the statement's condition,
-/// which PostgreSQL rechecks on the row's latest version.
+/// every shard, each through its own index. A row that a request restarts
+/// meanwhile (an expired-key takeover sets `created_at` to now) survives
+/// because the expiry is part of the statement's condition, which
+/// PostgreSQL rechecks on the row's latest version.
 async fn delete_slice(
     client: &impl GenericClient,
     ttl: Duration,
-    settling: Settling,
     after: SystemTime,
     end: SystemTime,
 ) -> Result<u64, Error> {
-    let guard = settling.of_key();
-    let statement = client
-        .prepare_cached(&format!(
-            "DELETE FROM idempotency_keys AS k
-             WHERE k.created_at > $2 AND k.created_at <= $3
-               AND k.created_at < now() - make_interval(secs => $1)
-               AND NOT {guard}"
-        ))
-        .await?;
+    const DELETE: &str = concat!(
+        "DELETE FROM idempotency_keys AS k
+         WHERE k.created_at > $2 AND k.created_at <= $3
+           AND k.created_at < now() - make_interval(secs => $1)
+           AND NOT ",
+        settling!()
+    );
+    let statement = client.prepare_cached(DELETE).await?;
     Ok(client
         .execute(&statement, &[&ttl.as_secs_f64(), &after, &end])
         .await?)

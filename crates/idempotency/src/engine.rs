@@ -20,7 +20,7 @@ use crate::store::{self, Begin};
 use crate::unit::{self, Fence};
 use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
 use crate::{
-    AnswerCache, Error, Gate, IdempotencyKey, Limit, Opening, RequestHash, Settling, StoredResponse,
+    AnswerCache, Error, Gate, IdempotencyKey, Limit, Opening, RequestHash, StoredResponse,
 };
 
 /// The engine: a pool on the database that holds `idempotency_keys`
@@ -32,7 +32,6 @@ pub struct Engine {
     pub(crate) policy: Policy,
     pub(crate) gate: Gate,
     limit: Option<Limit>,
-    pub(crate) settling: Settling,
     observe: Arc<dyn Fn(Outcome) + Send + Sync>,
     pub(crate) observe_wait: Arc<dyn Fn(WaitOutcome, Duration) + Send + Sync>,
     pub(crate) waiters: Waiters,
@@ -47,7 +46,6 @@ impl Engine {
             policy,
             gate: Gate::Table,
             limit: None,
-            settling: Settling::NEVER,
             observe: Arc::new(|_| {}),
             observe_wait: Arc::new(|_, _| {}),
             waiters: Waiters::default(),
@@ -71,14 +69,6 @@ impl Engine {
     /// Answers retries of answered keys from `cache` (see [`AnswerCache`]).
     pub fn with_answer_cache(mut self, cache: AnswerCache) -> Self {
         self.cache = Some(cache);
-        self
-    }
-
-    /// Says when the effect a key links is still settling (see
-    /// [`Settling`]): such a key outlives its TTL, neither taken over as a
-    /// new intent nor deleted by the cleanup, until the effect settles.
-    pub fn with_settling(mut self, settling: Settling) -> Self {
-        self.settling = settling;
         self
     }
 
@@ -267,7 +257,7 @@ impl Engine {
                 hash,
                 token,
             };
-            store::claim(&client, self.policy, self.settling, asked, opening).await
+            store::claim(&client, self.policy, asked, opening).await
         } else {
             store::look(&client, self.policy, user_id, key, hash).await
         }

@@ -10,7 +10,9 @@
 //! retry of the same click make a second effect: [`purge`] refuses both, and
 //! the database decides it, not the caller: the `DELETE` re-checks all of it.
 //! So, until it expires, does an answered key whose answer is all that stops
-//! its retry from acting again (a declined payment), as the caller says.
+//! its retry from acting again (a declined payment). The caller's
+//! settlement says both on the key row (`idempotency_settled`), so every
+//! condition is the row's own.
 //!
 //! Every statement that touches one key names `user_id` and `key`. A purge
 //! notifies every instance's answer cache in its transaction.
@@ -117,89 +119,13 @@ pub async fn inspect(
         .transpose()
 }
 
-/// When the effect a key links is still settling, in the caller's words: a
-/// boolean SQL expression over `k.effect` (the linked effect's id, as text)
-/// that [`purge`] evaluates in its own statements, so that the answer is
-/// the database's at the moment of the delete. It takes no parameters, and
-/// names the key's scope as `k.user_id`. For example, for effects that are
-/// orders waiting for a payment:
-///
-/// ```
-/// const ORDER_SETTLING: idempotency::Settling = idempotency::Settling::when(
-///     "EXISTS (SELECT 1 FROM orders o
-///              WHERE o.user_id = k.user_id AND o.order_id = k.effect::uuid
-///                AND o.status = 'payment_pending')",
-/// );
-/// ```
-///
-/// A NULL counts as settling: when in doubt, the key stays.
-#[derive(Debug, Clone, Copy)]
-pub struct Settling(&'static str);
-
-impl Settling {
-    /// For a caller whose linked effects never outlive their answer.
-    pub const NEVER: Settling = Settling("false");
-
-    pub const fn when(sql: &'static str) -> Self {
-        Self(sql)
-    }
-
-    /// True (never NULL) when the key row `k` links an effect that is
-    /// settling: for a statement over many keys.
-    pub(crate) fn of_key(self) -> String {
-        format!("COALESCE(k.effect IS NOT NULL AND ({}), true)", self.0)
-    }
-
-    /// [`Settling::of_key`] for the one key of a statement whose `$1` is its
-    /// scope (see [`one_key`]).
-    pub(crate) fn of_one_key(self) -> String {
-        format!(
-            "COALESCE(k.effect IS NOT NULL AND {}, true)",
-            one_key(self.0)
-        )
-    }
-}
-
-/// The caller's expression `sql` over the one key row `k` of a statement
-/// whose `$1` is the key's scope, as a subquery that sees that row with its
-/// scope `k.user_id` being `$1` itself. PostgreSQL folds the row into the
-/// caller's own subqueries, where `k.user_id` becomes `$1`: a distributed
-/// database (Citus) then sends the statement to the shard of that value
-/// alone, where a `k.user_id` that names the updated row would have it
-/// sent to every shard.
-fn one_key(sql: &str) -> String {
-    format!(
-        "(SELECT {sql} FROM (SELECT $1::text AS user_id, k.key, k.effect, k.created_at,
-                                    k.response_status) AS k)"
-    )
-}
-
-/// When an answered key must outlive a purge until it expires, in the
-/// caller's words: a boolean SQL expression over the key row `k` (`k.key`,
-/// `k.created_at`, and its scope `k.user_id`, named as for [`Settling`])
-/// that [`purge`] evaluates in its own statements. For an answer that is all
-/// that keeps a retry of the click from acting again: a declined payment,
-/// whose retry with the key forgotten would charge. Past its TTL the key is
-/// a new intent anyway, so the purge takes it then. A NULL counts as true.
-#[derive(Debug, Clone, Copy)]
-pub struct Rearms(&'static str);
-
-impl Rearms {
-    /// For a caller whose answers, once given, can be forgotten.
-    pub const NEVER: Rearms = Rearms("false");
-
-    pub const fn when(sql: &'static str) -> Self {
-        Self(sql)
-    }
-
-    /// True (never NULL) when the one key of a statement whose `$1` is its
-    /// scope is answered and forgetting it would let a retry act again.
-    fn of_one_key(self) -> String {
-        format!(
-            "COALESCE(k.response_status IS NOT NULL AND {}, true)",
-            one_key(self.0)
-        )
-    }
+/// The one key of a statement (`k`) is answered, and its answer is all that
+/// stops a retry of its click from acting again (`keep_answer`, from the
+/// caller's settlement): until it expires, a purge keeps it.
+macro_rules! keeps_answer {
+    () => {
+        "(k.response_status IS NOT NULL AND k.keep_answer)"
+    };
 }
 
 /// Why a key was not purged.
@@ -214,7 +140,8 @@ pub enum PurgeRefusal {
     #[error("the effect the key links is still settling")]
     Settling,
     /// Answered, within its TTL, and its answer is what stops a retry of
-    /// the click from acting again ([`Rearms`]).
+    /// the click from acting again (a declined payment, as its settlement
+    /// said).
     #[error("the key's answer is what keeps a retry of its click from acting again")]
     Rearms,
 }
@@ -231,28 +158,43 @@ pub enum Purge {
 }
 
 /// Deletes the key of `user_id` if it is answered or expired, the effect
-/// it links is not `settling`, and (while it is live) its answer does not
-/// `rearm` the click once forgotten; else says why not.
+/// it links is not still settling, and (while it is live) its answer is not
+/// all that stops its click from acting again; else says why not.
 ///
 /// One transaction. It first locks the key row and reads it, so that no
 /// request can change it meanwhile (link an effect, take it over, store an
 /// answer), and so that the `DELETE` that follows starts after any such
-/// change has committed and sees the effect's current state. The `DELETE`
-/// then decides, re-checking every condition in the database; when it
-/// deletes nothing, a read of the still-locked row says why.
+/// change has committed. The `DELETE` then decides, re-checking every
+/// condition in the database; when it deletes nothing, a read of the
+/// still-locked row says why.
 pub async fn purge(
     client: &mut impl GenericClient,
     policy: Policy,
     user_id: &str,
     key: &IdempotencyKey,
-    settling: Settling,
-    rearms: Rearms,
 ) -> Result<Purge, Error> {
+    const DELETE: &str = concat!(
+        "DELETE FROM idempotency_keys AS k
+         WHERE k.user_id = $1 AND k.key = $2
+           AND (k.response_status IS NOT NULL
+                OR k.created_at <= now() - make_interval(secs => $3))
+           AND NOT ",
+        settling!(),
+        "
+           AND (k.created_at <= now() - make_interval(secs => $3) OR NOT ",
+        keeps_answer!(),
+        ")"
+    );
+    const WHY: &str = concat!(
+        "SELECT ",
+        settling!(),
+        ", ",
+        keeps_answer!(),
+        " FROM idempotency_keys AS k WHERE k.user_id = $1 AND k.key = $2"
+    );
     let tx = client.transaction().await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&user_id, &key.as_str(), &ttl_secs(policy)];
-    let guard = settling.of_one_key();
-    let rearms = rearms.of_one_key();
     let locked = format!(
         "SELECT {REPORT} FROM idempotency_keys AS k
          WHERE k.user_id = $1 AND k.key = $2
@@ -267,15 +209,7 @@ pub async fn purge(
     // not return it: a distributed database refuses a `RETURNING` that reads
     // the clock.
     let report = KeyReport::from_row(&row)?;
-    let delete = format!(
-        "DELETE FROM idempotency_keys AS k
-         WHERE k.user_id = $1 AND k.key = $2
-           AND (k.response_status IS NOT NULL
-                OR k.created_at <= now() - make_interval(secs => $3))
-           AND NOT {guard}
-           AND (k.created_at <= now() - make_interval(secs => $3) OR NOT {rearms})"
-    );
-    if tx.execute(&delete, &params).await? == 1 {
+    if tx.execute(DELETE, &params).await? == 1 {
         // Every instance's answer cache drops the key when this commits.
         tx.execute(
             "SELECT pg_notify($1, $2)",
@@ -285,16 +219,12 @@ pub async fn purge(
         tx.commit().await?;
         return Ok(Purge::Purged(report));
     }
-    let why = format!(
-        "SELECT {guard}, {rearms} FROM idempotency_keys AS k
-         WHERE k.user_id = $1 AND k.key = $2"
-    );
-    let why = tx.query_one(&why, &params[..2]).await?;
-    let (settling, rearms): (bool, bool) = (why.try_get(0)?, why.try_get(1)?);
+    let why = tx.query_one(WHY, &params[..2]).await?;
+    let (settling, keeps_answer): (bool, bool) = (why.try_get(0)?, why.try_get(1)?);
     tx.rollback().await?;
     let refusal = if settling {
         PurgeRefusal::Settling
-    } else if rearms {
+    } else if keeps_answer {
         PurgeRefusal::Rearms
     } else {
         PurgeRefusal::InProgress
@@ -327,37 +257,24 @@ impl Stats {
 /// Counts the rows by state, and what the table weighs. It reads the whole
 /// table: a tool's query, not one to run on every request.
 pub async fn stats(client: &impl GenericClient, policy: Policy) -> Result<Stats, Error> {
-    stats_with(client, policy, Settling::NEVER).await
-}
-
-/// [`stats`], for a cleanup that keeps the keys whose effect is `settling`
-/// ([`Cleanup::with_settling`](crate::Cleanup::with_settling)).
-pub async fn stats_with(
-    client: &impl GenericClient,
-    policy: Policy,
-    settling: Settling,
-) -> Result<Stats, Error> {
     // `cleanup_due` is the cleanup's own condition (`cleanup::delete_slice`).
-    let guard = settling.of_key();
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT
-                 count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
-                                    AND response_status IS NULL) AS in_progress,
-                 count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
-                                    AND response_status IS NOT NULL) AS answered,
-                 count(*) FILTER (WHERE created_at <= now() - make_interval(secs => $1)) AS expired,
-                 count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1)
-                                    AND NOT {guard}) AS cleanup_due,
-                 extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_secs,
-                 pg_table_size('idempotency_keys'::regclass) AS table_bytes,
-                 pg_indexes_size('idempotency_keys'::regclass) AS index_bytes
-             FROM idempotency_keys AS k"
-            ),
-            &[&ttl_secs(policy)],
-        )
-        .await?;
+    const STATS: &str = concat!(
+        "SELECT
+             count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
+                                AND response_status IS NULL) AS in_progress,
+             count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)
+                                AND response_status IS NOT NULL) AS answered,
+             count(*) FILTER (WHERE created_at <= now() - make_interval(secs => $1)) AS expired,
+             count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1)
+                                AND NOT ",
+        settling!(),
+        ") AS cleanup_due,
+             extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_secs,
+             pg_table_size('idempotency_keys'::regclass) AS table_bytes,
+             pg_indexes_size('idempotency_keys'::regclass) AS index_bytes
+         FROM idempotency_keys AS k"
+    );
+    let row = client.query_one(STATS, &[&ttl_secs(policy)]).await?;
     let count = |name: &str| -> Result<u64, Error> {
         Ok(u64::try_from(row.try_get::<_, i64>(name)?).unwrap_or(0))
     };

@@ -50,7 +50,9 @@
 //!   [`Done::Answer`]; report a failure that is not an answer (a timeout, a
 //!   5xx) as an error, which is never stored.
 //! - Never hold a unit (a transaction) across a call to another system: link
-//!   the effect, commit, call, then settle in a second unit.
+//!   the effect, commit, call, then settle in a second unit. A settlement
+//!   calls the engine's `idempotency_settled` on the key that links the
+//!   effect, in its own transaction: until then the key outlives its TTL.
 //!
 //! For support and operations, [`inspect`] shows what one key holds, purges
 //! a key whose intent is over (never one in progress or whose effect is
@@ -141,6 +143,17 @@ macro_rules! engine {
     ($($item:item)*) => { $( #[cfg(feature = "engine")] $item )* };
 }
 
+/// The key row `k` links an effect with no outcome yet (the caller's
+/// settlement has not called `idempotency_settled`): it outlives its TTL,
+/// neither restarted, deleted by the cleanup, nor purged. For the engine's
+/// statements, with `concat!`.
+#[cfg(feature = "engine")]
+macro_rules! settling {
+    () => {
+        "(k.effect IS NOT NULL AND NOT k.effect_settled)"
+    };
+}
+
 engine! {
     #[cfg(feature = "actix")]
     pub mod actix;
@@ -169,7 +182,7 @@ engine! {
     pub use engine::Engine;
     pub use error::{is_unavailable, Error};
     pub use gate::Gate;
-    pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Rearms, Settling, Stats};
+    pub use inspect::{KeyReport, KeyState, Purge, PurgeRefusal, Stats};
     pub use layout::Layout;
     pub use limit::Limit;
     pub use migrate::{migrate, replace_functions, HISTORY_TABLE};

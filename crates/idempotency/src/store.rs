@@ -16,9 +16,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::{
-    Claim, ClaimKind, Error, IdempotencyKey, Opening, Policy, RequestHash, Settling, StoredResponse,
-};
+use crate::{Claim, ClaimKind, Error, IdempotencyKey, Opening, Policy, RequestHash, StoredResponse};
 
 /// What the key row says about a request.
 #[derive(Debug)]
@@ -54,7 +52,7 @@ pub(crate) struct Ask<'a> {
 }
 
 /// Claims the key for this request, or says why not, keeping a key past
-/// its TTL whose effect is `settling`. Also says how long the key has to
+/// its TTL whose linked effect is still settling. Also says how long the key has to
 /// live, by the database's clock, at the latest as of when the statement
 /// was sent: a new or restarted key the whole TTL, a replayed or
 /// taken-over one what its row has left.
@@ -62,7 +60,6 @@ pub(crate) struct Ask<'a> {
 pub(crate) async fn claim(
     client: &impl GenericClient,
     policy: Policy,
-    settling: Settling,
     asked: Ask<'_>,
     opening: Option<&Opening>,
 ) -> Result<(Begin, Duration), Error> {
@@ -112,7 +109,7 @@ pub(crate) async fn claim(
             // unless the effect it links is still settling, which keeps the
             // row its old intent's (answered, in progress or abandoned, as
             // below) until it settles.
-            match take_expired(client, policy, settling, &claim, hash, row.token).await? {
+            match take_expired(client, policy, &claim, hash, row.token).await? {
                 Expired::Taken => {
                     claim.kind = ClaimKind::Expired;
                     return Ok((Begin::Claimed(claim), policy.ttl));
@@ -316,40 +313,42 @@ enum Expired {
 }
 
 /// Restarts a row past its TTL as a new intent, unless the effect it links
-/// is `settling`. One conditional update decides between racing requests:
-/// it matches only the row as it was read.
+/// is still settling. One conditional update decides between racing
+/// requests: it matches only the row as it was read.
 async fn take_expired(
     client: &impl GenericClient,
     policy: Policy,
-    settling: Settling,
     claim: &Claim,
     hash: &RequestHash,
     seen_token: Option<i64>,
 ) -> Result<Expired, Error> {
-    let guard = settling.of_one_key();
-    // The settling guard is the caller's SQL over `k`, in the same
-    // statement, so the database decides it on the row it updates; when the
-    // update matched nothing, `settling` says whether the guard was why. An
-    // answered row has no token: `IS NOT DISTINCT FROM` matches it as read.
-    let sql = format!(
+    // When the update matched nothing, `settling` says whether the guard
+    // was why. An answered row has no token: `IS NOT DISTINCT FROM`
+    // matches it as read.
+    const TAKE: &str = concat!(
         "WITH taken AS (
              UPDATE idempotency_keys AS k
              SET request_hash = $5, claim_token = $3,
                  lease_expires_at = now() + make_interval(secs => $6),
-                 effect = NULL, response_status = NULL, response_content_type = NULL,
+                 effect = NULL, effect_settled = false, keep_answer = false,
+                 response_status = NULL, response_content_type = NULL,
                  response_location = NULL, response_body = NULL, created_at = now()
              WHERE k.user_id = $1 AND k.key = $2 AND k.claim_token IS NOT DISTINCT FROM $4
                AND k.created_at <= now() - make_interval(secs => $7)
-               AND NOT {guard}
+               AND NOT ",
+        settling!(),
+        "
              RETURNING 1
          )
          SELECT EXISTS (SELECT 1 FROM taken) AS taken,
-                COALESCE((SELECT {guard} FROM idempotency_keys AS k
+                COALESCE((SELECT ",
+        settling!(),
+        " FROM idempotency_keys AS k
                           WHERE k.user_id = $1 AND k.key = $2
                             AND k.claim_token IS NOT DISTINCT FROM $4),
                          false) AS settling"
     );
-    let statement = client.prepare_cached(&sql).await?;
+    let statement = client.prepare_cached(TAKE).await?;
     let row = client
         .query_one(
             &statement,

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Swept};
-use idempotency::inspect::{self, KeyState, Purge, PurgeRefusal, Rearms, Settling};
+use idempotency::inspect::{self, KeyState, Purge, PurgeRefusal};
 use idempotency::{
     Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
     StoredResponse,
@@ -17,14 +17,6 @@ use test_support::paused::Paused;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const LEASE: Duration = Duration::from_secs(30);
-
-/// A toy effect that settles later: a row per effect, pending until settled.
-const PENDING: Settling =
-    Settling::when("EXISTS (SELECT 1 FROM effects e WHERE e.id = k.effect AND NOT e.settled)");
-
-/// A toy answer that is all that stops its click from acting again (as a
-/// declined payment is): here, any answer of a key named `declined-…`.
-const DECLINED: Rearms = Rearms::when("k.key LIKE 'declined-%'");
 
 struct Toy {
     _db: Arc<TestDatabase>,
@@ -109,15 +101,26 @@ impl Toy {
         unit.finish(fence).await.unwrap();
     }
 
-    async fn settle(&self, effect: &str) {
-        let client = self.pool.get().await.unwrap();
-        client
-            .execute(
-                "UPDATE effects SET settled = true WHERE id = $1",
-                &[&effect],
-            )
-            .await
-            .unwrap();
+    /// Settles a toy effect and tells its key, in one transaction, as a
+    /// caller's settlement does: `undone` when it left nothing behind (a
+    /// declined payment), so that the key's answer must be kept.
+    async fn settle(&self, effect: &str, undone: bool) {
+        let mut client = self.pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.execute(
+            "UPDATE effects SET settled = true WHERE id = $1",
+            &[&effect],
+        )
+        .await
+        .unwrap();
+        tx.execute(
+            "SELECT idempotency_settled(user_id, key, effect, $2)
+             FROM idempotency_keys WHERE effect = $1",
+            &[&effect, &undone],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
     }
 
     async fn show(&self, ttl: Duration, user: &str, k: &str) -> Option<inspect::KeyReport> {
@@ -129,7 +132,7 @@ impl Toy {
 
     async fn purge(&self, ttl: Duration, user: &str, k: &str) -> Purge {
         let mut client = self.pool.get().await.unwrap();
-        inspect::purge(&mut client, policy(ttl), user, &key(k), PENDING, DECLINED)
+        inspect::purge(&mut client, policy(ttl), user, &key(k))
             .await
             .unwrap()
     }
@@ -175,7 +178,7 @@ async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
 
     // Its answer, stored by whoever settled the effect, takes the claim
     // with it: the token, the lease and the link.
-    toy.settle("effect-1").await;
+    toy.settle("effect-1", false).await;
     let paid = StoredResponse::new(201, "application/json", b"{\"paid\":true}".to_vec());
     let client = toy.pool.get().await.unwrap();
     assert!(
@@ -234,7 +237,15 @@ async fn a_purged_answer_is_gone_and_the_next_request_with_its_key_is_a_new_inte
 #[tokio::test]
 async fn an_answer_that_rearms_its_click_once_forgotten_stays_until_it_expires() {
     let toy = toy().await;
-    toy.answered(DAY, "alice", "declined-1", b"{}").await;
+    toy.settling(DAY, "alice", "declined-1", "effect-d").await;
+    toy.settle("effect-d", true).await;
+    let declined = StoredResponse::new(402, "application/problem+json", b"{}".to_vec());
+    let client = toy.pool.get().await.unwrap();
+    assert!(
+        idempotency::store_for_effect(&client, "alice", "declined-1", "effect-d", &declined)
+            .await
+            .unwrap()
+    );
     let refused = toy.purge(DAY, "alice", "declined-1").await;
     assert!(
         matches!(refused, Purge::Refused(PurgeRefusal::Rearms, ref report)
@@ -286,7 +297,7 @@ async fn a_key_whose_effect_is_settling_is_refused_until_the_effect_settles() {
         "{refused:?}"
     );
     assert!(toy.show(ttl, "alice", "paying").await.is_some(), "it stays");
-    toy.settle("effect-1").await;
+    toy.settle("effect-1", false).await;
     assert!(matches!(
         toy.purge(ttl, "alice", "paying").await,
         Purge::Purged(_)

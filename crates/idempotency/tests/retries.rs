@@ -12,7 +12,7 @@ use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
     Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, OpeningStep, Policy, Reply,
-    RequestHash, Settling, StoredResponse,
+    RequestHash, StoredResponse,
 };
 use test_support::db::TestDatabase;
 use test_support::paused::Paused;
@@ -21,11 +21,6 @@ use uuid::Uuid;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const REDIS: &str = "redis://127.0.0.1:6379";
-
-/// A toy effect that may stay pending: `settling` says so to the engine.
-const SETTLING: Settling = Settling::when(
-    "EXISTS (SELECT 1 FROM effects e WHERE e.effect_id = k.effect::bigint AND e.pending)",
-);
 
 struct Toy {
     _db: Arc<TestDatabase>,
@@ -451,8 +446,8 @@ async fn a_waiter_turned_away_by_the_lock_backs_off_instead_of_spinning() {
 async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
     let toy = &toy().await;
     let (lease, ttl) = (Duration::from_secs(1), Duration::from_secs(2));
-    let engine = toy.engine(lease, ttl).with_settling(SETTLING);
-    let cleanup = Cleanup::new(toy.pool.clone(), ttl).with_settling(SETTLING);
+    let engine = toy.engine(lease, ttl);
+    let cleanup = Cleanup::new(toy.pool.clone(), ttl);
     let (settling, answered) = (key("settling"), key("answered"));
     // One click links an effect that stays pending (its request died);
     // another is answered.
@@ -505,14 +500,7 @@ async fn a_key_whose_effect_is_settling_outlives_its_ttl_until_it_settles() {
         .unwrap();
     assert!(matches!(resumed, Reply::First(_)), "{resumed:?}");
 
-    // Settled, it goes with the next cleanup.
-    toy.pool
-        .get()
-        .await
-        .unwrap()
-        .execute("UPDATE effects SET pending = false", &[])
-        .await
-        .unwrap();
+    // Answered, it goes with the next cleanup.
     assert_eq!(cleanup.run().await.unwrap(), Swept::Deleted(1));
     assert_eq!(toy.count("SELECT count(*) FROM idempotency_keys").await, 0);
 }

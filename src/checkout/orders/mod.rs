@@ -36,28 +36,6 @@ pub use place::Click;
 pub use settle::{record_decision, Reason, Settlement, METRICS};
 pub use status::{OrderStatus, PaymentMethod};
 
-/// When the effect an idempotency key links is still settling, for the key
-/// tooling (`keys purge`): the key's order is waiting for Payrail's answer.
-/// Forgetting its key then would let a retry of the click make a second
-/// order and a second charge. Every effect this service links is an order id.
-pub const SETTLING: idempotency::Settling = idempotency::Settling::when(
-    "EXISTS (SELECT 1 FROM orders o
-             WHERE o.user_id = k.user_id AND o.order_id = k.effect::uuid
-               AND o.status = 'payment_pending')",
-);
-
-/// When a click's answered key must stay until it expires, for the key
-/// tooling (`keys purge`): its order was declined or failed, and its holds
-/// went back to the buyer. The stored 402 is then all that stops a retry of
-/// the click: forgotten, the retry would make a new order from the same
-/// holds and charge again, which the buyer was told would not happen.
-pub const REARMS: idempotency::Rearms = idempotency::Rearms::when(
-    "EXISTS (SELECT 1 FROM orders o
-             WHERE o.user_id = k.user_id AND o.idempotency_key = k.key
-               AND o.created_at >= k.created_at
-               AND o.status IN ('declined', 'failed'))",
-);
-
 /// Every order is charged in this currency.
 pub const CURRENCY: &str = "USD";
 /// More holds than this in one order is not a checkout a person makes.

@@ -132,6 +132,24 @@ BEGIN
 END
 $$;
 
+-- Marks the effect `p_effect` that the key links as settled, in the
+-- caller's transaction that settles it; `p_keep_answer` when it settled
+-- without leaving anything behind (a declined payment), so that the key's
+-- answer must outlive a purge until the key expires. False when the key
+-- no longer links that effect.
+CREATE OR REPLACE FUNCTION idempotency_settled(
+    p_user_id text, p_key text, p_effect text, p_keep_answer boolean
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE idempotency_keys SET effect_settled = true, keep_answer = p_keep_answer
+    WHERE user_id = p_user_id AND key = p_key AND effect = p_effect;
+    RETURN FOUND;
+END
+$$;
+
 -- Stores the intent's answer, the one write of an answer: while the claim
 -- `p_claim_token` holds, or, for a settlement made outside any claim (a
 -- reconciliation job) with no token, while the key still links the effect
