@@ -6,7 +6,8 @@ use uuid::Uuid;
 
 use super::problem::Problem;
 use super::{body, cursor, idempotent, seats, AppState, Buyer};
-use crate::checkout::orders::{Click, NewOrder, Order, OrderStatus};
+use crate::checkout::orders::click::{self, Click};
+use crate::checkout::orders::{NewOrder, Order, OrderStatus};
 use crate::telemetry;
 
 /// `GET /orders` without `limit`.
@@ -76,7 +77,8 @@ pub async fn create(
     let orders = &state.orders;
     // An order that cannot be made is still the click's answer, stored on
     // its key: refused in the work, after the claim.
-    let click = NewOrder::parse(hold_ids, &payment_method).map(|request| orders.click(request));
+    let click =
+        NewOrder::parse(hold_ids, &payment_method).map(|request| Click::new(orders, request));
     let click = click.as_ref().map_err(|refusal| *refusal);
     let opening = click.ok().and_then(Click::opening);
     let answered = idempotent::run(
@@ -85,7 +87,7 @@ pub async fn create(
         key,
         (&req, &bytes),
         opening,
-        |claim| async move { orders.place(&claim, click?).await },
+        |claim| async move { click::place(orders, &claim, click?).await },
     )
     .await;
     seats::holds_may_have_changed(&state, &buyer.0, &answered).await;

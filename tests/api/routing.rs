@@ -25,6 +25,7 @@ use idempotency::{
 };
 use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
+use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{self, outbox, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use test_support::paused::Paused;
@@ -332,8 +333,13 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     );
     let paying = claim(&db.pool).await;
     db.sent();
-    let order = orders.click(NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"));
-    let done = orders.place(&paying, &order).await.expect("the order");
+    let order = Click::new(
+        &orders,
+        NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"),
+    );
+    let done = click::place(&orders, &paying, &order)
+        .await
+        .expect("the order");
     let idempotency::Done::Stored(answer) = done else {
         panic!("a paid order is stored: {done:?}");
     };

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
 use serde_json::json;
+use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
 use stagedoor_checkout::{http, payrail};
 use test_support::paused::{Failed, Paused};
@@ -108,7 +109,10 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let key = IdempotencyKey::parse(b"paused-click").unwrap();
     let body = order_body(&[hold], "pm_card_visa");
     let hash = RequestHash::of("POST", "/orders", body.as_bytes());
-    let request = orders.click(NewOrder::parse(vec![hold], "pm_card_visa").unwrap());
+    let request = Click::new(
+        &orders,
+        NewOrder::parse(vec![hold], "pm_card_visa").unwrap(),
+    );
     let mut client = pool.get().await.unwrap();
 
     let engine = Engine::new(pool.clone(), policy);
@@ -124,7 +128,9 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     };
 
     // The paused request wakes up: its writes are fenced off.
-    let fenced = orders.place(&paused.claim, &request).await.unwrap();
+    let fenced = click::place(&orders, &paused.claim, &request)
+        .await
+        .unwrap();
     assert!(matches!(fenced, Done::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
     let stale = StoredResponse::new(200, "text/plain", b"stale".to_vec());
@@ -144,7 +150,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     assert_eq!(held, 1, "the taker's key stays");
 
     // The taker does the work once.
-    let done = orders.place(&taker, &request).await.unwrap();
+    let done = click::place(&orders, &taker, &request).await.unwrap();
     assert!(matches!(done, Done::Stored(ref r) if r.status == 201));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(app.charges().await.len(), 1);

@@ -4,16 +4,16 @@
 //! or by reconciliation; `failed` when Payrail never decides and the charge
 //! is canceled. No database connection is held while Payrail is being called.
 //!
-//! `place` runs a claimed click (make or resume, charge, settle), `settle`
-//! holds the settlement statements, `event` applies Payrail's events,
+//! `click` runs a claimed click (make or resume, charge, settle, answer),
+//! `settle` settles an order outside a claim, `event` applies Payrail's events,
 //! `give_up` ends an undecided order, `outbox` holds the events a settlement
 //! writes for the shop, and this module the order itself: its
 //! types, its parsing, and how it is read back.
 
+pub mod click;
 mod event;
 mod give_up;
 pub mod outbox;
-mod place;
 mod settle;
 mod status;
 
@@ -32,7 +32,6 @@ use crate::observe;
 use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
-pub use place::Click;
 pub use settle::{record_decision, Reason, Settlement, METRICS};
 pub use status::{OrderStatus, PaymentMethod};
 

@@ -1,18 +1,15 @@
 //! Payrail's decision, recorded: the order moves to `paid` or `declined`
-//! (a paid order's holds are sold, a declined order gives them back) and its answer is stored on the
-//! key that made it, in one call for the claim's own request, in one
-//! transaction for everyone else (reconciliation, Payrail's events, the
-//! give-up's `failed`). The order row is locked first and the key
+//! (a paid order's holds are sold, a declined order gives them back) and
+//! its answer is stored on the key that made it, in one transaction, for
+//! everyone but the click's own request (`click` settles in one call):
+//! reconciliation, Payrail's events, the give-up's `failed`. The order row is locked first and the key
 //! row last, as every writer of both does, so none of them deadlock.
 //!
 //! An order being canceled (`cancel_requested_at`, see `give_up`) is
 //! settled by the cancel's confirmation alone (`failed`): no charge answer,
 //! however late, makes it `paid` while its charge is being refunded.
 
-use std::sync::LazyLock;
-
 use deadpool_postgres::GenericClient;
-use idempotency::{Claim, Done, Fence, Storing};
 use uuid::Uuid;
 
 use super::{load, Order, OrderStatus, Orders, COLUMNS};
@@ -83,7 +80,7 @@ pub const METRICS: &[&dyn Metric] = &[&SETTLED];
 /// Counts an order that this settlement moved out of `payment_pending`:
 /// once per order, whichever path settled it, since only the call whose
 /// update moved it gets here. A paid order's holds end in it.
-fn counted(order: &Order) {
+pub(super) fn counted(order: &Order) {
     let status = match order.status {
         OrderStatus::Paid => Settled::Paid,
         OrderStatus::Declined => Settled::Declined,
@@ -94,67 +91,6 @@ fn counted(order: &Order) {
     if status == Settled::Paid {
         holds::ended(HowEnded::Ordered, order.hold_ids.len());
     }
-}
-
-/// The usual end of a click, in one call (one round trip, one commit):
-/// the settlement, and the answer, made from the order in hand, stored on
-/// the claimed key while the claim holds. The order row is locked first and
-/// the key row last. A claim lost meanwhile stores nothing but leaves the
-/// order settled with Payrail's answer, as reconciliation would; whoever
-/// holds the key now answers from it. An order someone else settled first
-/// (Payrail's event, often ahead of Payrail's own answer, or
-/// reconciliation) had its answer stored on this key in the same
-/// transaction: it is still this request's first answer, not a replay, and
-/// made again from the order (which keeps the decline's reason), it is the
-/// stored answer byte for byte.
-#[tracing::instrument(name = "settle order", skip_all)]
-pub(super) async fn claimed(
-    orders: &Orders,
-    mut order: Order,
-    outcome: &ChargeOutcome,
-    claim: &Claim,
-) -> Result<Done, CheckoutError> {
-    // `checkout_settle_claimed` (migrations/functions/checkout.sql), on one
-    // PostgreSQL and on Citus alike: $1-$7 are the engine's, then the
-    // order's id, its new status, Payrail's charge id and decline code.
-    static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 4));
-    let (status, charge_id, decline_code) = decision(outcome);
-    order.status = status;
-    order.charge_id = charge_id.cloned();
-    order.decline_code = decline_code;
-    let answer = (orders.answer)(&order);
-    let client = orders.pool.get().await?;
-    let (fence, row) = claim
-        .store_with(
-            &client,
-            &SETTLE,
-            &answer,
-            &[&order.order_id, &status, &charge_id, &order.decline_code],
-        )
-        .await?;
-    let moved = row.try_get::<_, bool>("settled")?;
-    if moved {
-        counted(&order);
-    }
-    if !moved {
-        let settled = load(&client, &claim.user_id, order.order_id)
-            .await?
-            .ok_or_else(|| {
-                CheckoutError::Inconsistent(format!(
-                    "order {} vanished while settling",
-                    order.order_id
-                ))
-            })?;
-        if settled.status == OrderStatus::PaymentPending {
-            // Being canceled: its answer is stored when Payrail confirms.
-            return Err(CheckoutError::Canceling);
-        }
-        return Ok(Done::Stored((orders.answer)(&settled)));
-    }
-    Ok(match fence {
-        Fence::Held => Done::Stored(answer),
-        Fence::Lost => Done::Fenced,
-    })
 }
 
 /// What a settlement outside a claim found.
@@ -283,7 +219,9 @@ pub async fn record_decision(
 /// The order status, charge id and decline code that Payrail's decision
 /// means: the code bounded to the reasons the service knows (`other` for
 /// the rest), none when Payrail gave none.
-fn decision(outcome: &ChargeOutcome) -> (OrderStatus, Option<&String>, Option<&'static str>) {
+pub(super) fn decision(
+    outcome: &ChargeOutcome,
+) -> (OrderStatus, Option<&String>, Option<&'static str>) {
     match outcome {
         ChargeOutcome::Succeeded { charge_id } => (OrderStatus::Paid, Some(charge_id), None),
         ChargeOutcome::Declined { charge_id, code } => (
