@@ -1,10 +1,12 @@
+use std::time::Duration;
+
 use actix_web::{delete, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
-use idempotency::StoredResponse;
+use idempotency::{actix, StoredResponse};
 
-use super::problem::Problem;
-use super::{body, idempotent, seats, AppState, Buyer};
+use super::problem::{self, Problem};
+use super::{body, seats, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -53,23 +55,28 @@ pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
-    let key = idempotent::key(&req)?;
+    let key = actix::key(&req)?;
     let bytes = body::read(&req, payload, &state).await?;
     let request: HoldRequest = body::json(&bytes)?;
     let answered = match key {
         Some(key) => {
             let (pool, policy) = (&state.pool, state.holds);
-            idempotent::run(
-                &state,
-                &buyer.0,
-                key,
+            actix::run(
+                &state.engine,
+                buyer.0.as_str(),
+                &key,
                 (&req, &bytes),
                 None,
+                Duration::from_secs(state.max_wait_secs),
                 |claim| async move {
-                    holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await
+                    problem::answer_or_fail(
+                        holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await,
+                    )
                 },
             )
             .await
+            .map(|answered| problem::answered(&req, answered))
+            .map_err(Problem::from)
         }
         None => place_unkeyed(&state, &buyer, request.seat_id).await,
     };

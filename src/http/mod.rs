@@ -10,7 +10,6 @@ mod cursor;
 mod demo;
 mod health;
 mod holds;
-mod idempotent;
 pub mod metrics;
 mod openapi;
 mod orders;

@@ -1,11 +1,13 @@
+use std::time::Duration;
+
 use actix_web::http::header;
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use idempotency::StoredResponse;
+use idempotency::{actix, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::problem::Problem;
-use super::{body, cursor, idempotent, seats, AppState, Buyer};
+use super::problem::{self, Problem};
+use super::{body, cursor, seats, AppState, Buyer};
 use crate::checkout::orders::click::{self, Click};
 use crate::checkout::orders::{NewOrder, Order, OrderStatus};
 use crate::telemetry;
@@ -68,7 +70,7 @@ pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
-    let key = idempotent::key(&req)?.ok_or(Problem::KeyMissing)?;
+    let key = actix::key(&req)?.ok_or(Problem::KeyMissing)?;
     let bytes = body::read(&req, payload, &state).await?;
     let OrderRequest {
         hold_ids,
@@ -81,19 +83,27 @@ pub async fn create(
         NewOrder::parse(hold_ids, &payment_method).map(|request| Click::new(orders, request));
     let click = click.as_ref().map_err(|refusal| *refusal);
     let opening = click.ok().and_then(Click::opening);
-    let answered = idempotent::run(
-        &state,
-        &buyer.0,
-        key,
+    let answered = actix::run(
+        &state.engine,
+        buyer.0.as_str(),
+        &key,
         (&req, &bytes),
         opening,
-        |claim| async move { click::place(orders, &claim, click?).await },
+        Duration::from_secs(state.max_wait_secs),
+        |claim| async move {
+            problem::answer_or_fail(match click {
+                Ok(click) => click::place(orders, &claim, click).await,
+                Err(refusal) => Err(refusal.into()),
+            })
+        },
     )
-    .await;
+    .await
+    .map(|answered| problem::answered(&req, answered))
+    .map_err(Problem::from);
     seats::holds_may_have_changed(&state, &buyer.0, &answered).await;
     // The click's order, for the request's log line: the 201's `Location`,
     // or a 409's while it waits for Payrail (a 402 names it in its body,
-    // which `idempotent` reads).
+    // which `problem::answered` reads).
     let made = match &answered {
         Ok(response) => response
             .headers()

@@ -17,14 +17,15 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use uuid::Uuid;
 
-use idempotency::actix::Refusal;
-use idempotency::{KeyError, StoredResponse};
+use actix_web::HttpRequest;
+use idempotency::actix::{Answered, Refusal, Unanswered};
+use idempotency::{Done, KeyError, StoredResponse};
 
 use crate::auth::TokenError;
 use crate::checkout::CheckoutError;
 use crate::db::DbError;
 use crate::payrail::PaymentError;
-use crate::telemetry::ProblemSlug;
+use crate::telemetry::{self, ProblemSlug};
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://stagedoor.example/problems/";
@@ -646,6 +647,15 @@ impl From<idempotency::RunError<Problem>> for Problem {
     }
 }
 
+impl From<Unanswered<Problem>> for Problem {
+    fn from(unanswered: Unanswered<Problem>) -> Self {
+        match unanswered {
+            Unanswered::Refused(refusal) => refusal.into(),
+            Unanswered::Failed(error) => error.into(),
+        }
+    }
+}
+
 impl From<Refusal> for Problem {
     fn from(refusal: Refusal) -> Self {
         match refusal {
@@ -733,6 +743,41 @@ impl ResponseError for Problem {
     }
 }
 
+/// The work of a keyed request, as the engine stores it: a refusal of the
+/// domain's (a 4xx) is the intent's answer, stored like any other; anything
+/// else is a failure that is never stored.
+pub fn answer_or_fail(done: Result<Done, CheckoutError>) -> Result<Done, Problem> {
+    match done {
+        Ok(done) => Ok(done),
+        Err(error) => {
+            let problem = Problem::from(error);
+            if problem.is_answer() {
+                Ok(Done::Answer(problem.to_response()))
+            } else {
+                Err(problem)
+            }
+        }
+    }
+}
+
+/// The response of a keyed request, marked with what its stored answer
+/// says when it is a problem (its slug and the order it names, for the
+/// request's log): a replay says what the first answer said.
+pub fn answered(req: &HttpRequest, answered: Answered) -> HttpResponse {
+    let Answered {
+        mut response,
+        answer,
+    } = answered;
+    if let Some(told) = told(&answer) {
+        // A stored problem is no `Problem` here: what it is comes from its body.
+        response.extensions_mut().insert(ProblemSlug(told.slug));
+        if let Some(order_id) = told.order_id {
+            telemetry::note_order(req, order_id);
+        }
+    }
+    response
+}
+
 /// What a stored answer says of itself when it is a problem: its type's
 /// slug (one of the catalogue's) and the order it names, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -744,7 +789,7 @@ pub struct Told {
 /// The problem a stored answer is, read back from its body: a replay says
 /// what the first answer said. `None` for an answer that is no problem of
 /// this service's.
-pub fn told(response: &StoredResponse) -> Option<Told> {
+fn told(response: &StoredResponse) -> Option<Told> {
     #[derive(serde::Deserialize)]
     struct Members {
         #[serde(rename = "type")]

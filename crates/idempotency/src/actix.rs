@@ -1,12 +1,79 @@
-//! The actix-web adapter (feature `actix`): reads the key and the request's
-//! fingerprint off an `HttpRequest`, and turns a [`Reply`] into a response.
-//! How a refusal (409, 422) or a bad key (400) looks is the caller's: they
-//! come back as values for the caller's own error type.
+//! The actix-web adapter (feature `actix`): a keyed request in ([`run`]:
+//! its key, its fingerprint and its `Prefer: wait`), the engine's reply out
+//! as a response. How a refusal (409, 422, 429) or a bad key (400) looks is
+//! the caller's: they come back as values for the caller's own error type.
 
-use actix_web::http::{header, StatusCode};
+use std::future::Future;
+use std::time::Duration;
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 
-use crate::{IdempotencyKey, KeyError, Reply, RequestHash, StoredResponse};
+use crate::claim::{Claim, Done};
+use crate::engine::Engine;
+use crate::fingerprint::RequestHash;
+use crate::key::{IdempotencyKey, KeyError};
+use crate::reply::{Reply, RunError};
+use crate::response::StoredResponse;
+use crate::statement::Opening;
+use crate::wait::WaitOutcome;
+
+/// A keyed request answered: the response, and the answer it carries, as
+/// stored (the caller may read what it says, for its logs).
+pub struct Answered {
+    pub response: HttpResponse,
+    pub answer: StoredResponse,
+}
+
+/// Why [`run`] has no stored answer to give: a refusal to render, or a
+/// failure (the engine's, or the work's, which is never stored).
+#[derive(Debug)]
+pub enum Unanswered<E> {
+    Refused(Refusal),
+    Failed(RunError<E>),
+}
+
+/// Runs `work` at most once for (`scope`, `key`, this request) and answers
+/// with the intent's stored answer (`Idempotent-Replayed: true` on a
+/// replay). `opening` is the work's first step, run with the claim (see
+/// [`Opening`]). A request that finds its key in progress waits for the
+/// holder's answer when it asks to (`Prefer: wait=N`, RFC 7240, at most
+/// `max_wait`), and is told so (`Preference-Applied: wait=N`) when it got
+/// the answer by waiting.
+pub async fn run<W, Fut, E>(
+    engine: &Engine,
+    scope: &str,
+    key: &IdempotencyKey,
+    (req, body): (&HttpRequest, &[u8]),
+    opening: Option<&Opening>,
+    max_wait: Duration,
+    work: W,
+) -> Result<Answered, Unanswered<E>>
+where
+    W: FnOnce(Claim) -> Fut,
+    Fut: Future<Output = Result<Done, E>>,
+{
+    let hash = fingerprint(req, body);
+    let wait = preferred_wait(req).map(|asked| Duration::from_secs(asked).min(max_wait));
+    let ran = engine
+        .run(scope, key, &hash, opening, wait.unwrap_or_default(), work)
+        .await
+        .map_err(Unanswered::Failed)?;
+    let applied = ran
+        .waited
+        .is_some_and(|(outcome, _)| outcome != WaitOutcome::TimedOut);
+    let (answer, replayed) = answer_of(ran.reply).map_err(Unanswered::Refused)?;
+    let mut response = response_of(&answer, replayed);
+    if let (true, Some(wait)) = (applied, wait) {
+        if let Ok(value) = HeaderValue::from_str(&format!("wait={}", wait.as_secs())) {
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_static("preference-applied"), value);
+        }
+    }
+    Ok(Answered { response, answer })
+}
 
 /// The header a replayed answer carries.
 pub const REPLAYED: &str = "Idempotent-Replayed";
@@ -46,16 +113,22 @@ pub enum Refusal {
     Limited(std::time::Duration),
 }
 
-/// The response for a reply: the stored answer (plus `Idempotent-Replayed:
-/// true` on a replay), or the refusal to render.
-pub fn respond(reply: Reply) -> Result<HttpResponse, Refusal> {
+/// A reply's stored answer and whether it is a replay, or its refusal.
+fn answer_of(reply: Reply) -> Result<(StoredResponse, bool), Refusal> {
     match reply {
-        Reply::First(response) => Ok(response_of(&response, false)),
-        Reply::Replay(response) => Ok(response_of(&response, true)),
+        Reply::First(answer) => Ok((answer, false)),
+        Reply::Replay(answer) => Ok((answer, true)),
         Reply::InProgress { effect } => Err(Refusal::InProgress { effect }),
         Reply::KeyReused => Err(Refusal::KeyReused),
         Reply::Limited(wait) => Err(Refusal::Limited(wait)),
     }
+}
+
+/// The response for a reply: the stored answer (plus `Idempotent-Replayed:
+/// true` on a replay), or the refusal to render.
+pub fn respond(reply: Reply) -> Result<HttpResponse, Refusal> {
+    let (answer, replayed) = answer_of(reply)?;
+    Ok(response_of(&answer, replayed))
 }
 
 /// A stored answer as HTTP: the same status, body bytes, `Location` and

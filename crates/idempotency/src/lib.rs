@@ -63,7 +63,8 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-//! use idempotency::{actix, Done, Engine, Policy, StoredResponse};
+//! use idempotency::actix::{self, Refusal, Unanswered};
+//! use idempotency::{Done, Engine, Policy, StoredResponse};
 //! use std::time::Duration;
 //!
 //! async fn bump(
@@ -76,9 +77,9 @@
 //!         return HttpResponse::BadRequest().body("send one valid Idempotency-Key");
 //!     };
 //!     let user = "alice"; // the authenticated caller
-//!     let hash = actix::fingerprint(&req, &body);
-//!     let reply = engine
-//!         .run(user, &key, &hash, None, Duration::ZERO, |claim| async move {
+//!     let max_wait = Duration::from_secs(10); // the longest `Prefer: wait` honoured
+//!     let answered = actix::run(&engine, user, &key, (&req, &body), None, max_wait, |claim| {
+//!         async move {
 //!             let mut client = pool.get().await.map_err(idempotency::Error::from)?;
 //!             let unit = claim.unit(&mut client).await?;
 //!             let row = unit
@@ -90,14 +91,17 @@
 //!             let answer = StoredResponse::new(200, "text/plain", n.to_string().into_bytes());
 //!             let fence = unit.store(&answer).await?;
 //!             Ok::<_, idempotency::Error>(unit.finish(fence).await?.answered(answer))
-//!         })
-//!         .await;
-//!     match reply.map(|ran| actix::respond(ran.reply)) {
-//!         Ok(Ok(response)) => response,
-//!         Ok(Err(actix::Refusal::InProgress { .. })) => HttpResponse::Conflict().body("retry shortly"),
-//!         Ok(Err(actix::Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
-//!         Ok(Err(actix::Refusal::Limited(_))) => HttpResponse::TooManyRequests().finish(),
-//!         Err(_) => HttpResponse::ServiceUnavailable().finish(),
+//!         }
+//!     })
+//!     .await;
+//!     match answered {
+//!         Ok(answered) => answered.response,
+//!         Err(Unanswered::Refused(Refusal::InProgress { .. })) => {
+//!             HttpResponse::Conflict().body("retry shortly")
+//!         }
+//!         Err(Unanswered::Refused(Refusal::KeyReused)) => HttpResponse::UnprocessableEntity().finish(),
+//!         Err(Unanswered::Refused(Refusal::Limited(_))) => HttpResponse::TooManyRequests().finish(),
+//!         Err(Unanswered::Failed(_)) => HttpResponse::ServiceUnavailable().finish(),
 //!     }
 //! }
 //!
