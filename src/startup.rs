@@ -281,7 +281,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
     });
     Ok(AppState {
         engine,
-        orders: Orders::new(pool.clone(), payrail, http::order_answer),
+        orders: Orders::new(pool.clone(), payrail),
         seat_maps,
         limit,
         readiness: Readiness::new(pool.clone()),

@@ -23,7 +23,7 @@ use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::jobs::cleanup::Cleanup;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
-use stagedoor_checkout::{http, payrail};
+use stagedoor_checkout::payrail;
 use uuid::Uuid;
 
 use crate::fixtures::order_body;
@@ -193,7 +193,7 @@ pub async fn per_click(bench: &mut Bench, app: &RunningApp) {
     let pool = app.pool.clone();
     let payrail = payrail::Client::new(&settings.payrail, &settings.payrail.base_url)
         .expect("a Payrail client");
-    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
+    let orders = Orders::new(pool.clone(), Arc::new(payrail));
     let reconcile = Reconcile::new(pool.clone(), orders, &settings.reconcile);
     step(
         bench,

@@ -11,8 +11,8 @@
 
 use deadpool_postgres::Pool;
 use idempotency::StoredResponse;
-use stagedoor_checkout::checkout::orders::{self, NewOrder, CURRENCY};
-use stagedoor_checkout::http;
+use stagedoor_checkout::checkout::orders::{self, click, NewOrder, CURRENCY};
+
 use stagedoor_checkout::payrail::{self, Charge};
 use uuid::Uuid;
 
@@ -63,5 +63,5 @@ pub async fn place(
         .await
         .map_err(|e| e.to_string())?
         .ok_or("settled twice")?;
-    Ok(http::order_answer(&settled))
+    Ok(click::answer(&settled))
 }

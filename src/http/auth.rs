@@ -6,9 +6,9 @@ use actix_web::http::header;
 use actix_web::{dev::Payload, web, FromRequest, HttpMessage, HttpRequest};
 use futures_util::future::LocalBoxFuture;
 
-use super::problem::Problem;
 use super::AppState;
 use crate::auth::BuyerId;
+use crate::problem::Problem;
 use crate::telemetry::Caller;
 
 /// The authenticated buyer of a request.

@@ -9,8 +9,8 @@ use actix_web::HttpRequest;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::problem::Problem;
 use super::AppState;
+use crate::problem::Problem;
 
 /// The whole body, or the refusal. actix bounds only the time a head takes
 /// to arrive; without this deadline a client that sends a head and then a

@@ -3,8 +3,8 @@
 use actix_web::{get, web, HttpResponse};
 use serde::Serialize;
 
-use super::problem::Problem;
 use super::AppState;
+use crate::problem::Problem;
 
 /// The body of `/healthz` and `/readyz`.
 #[derive(Serialize, utoipa::ToSchema)]

@@ -5,9 +5,10 @@ use serde::Deserialize;
 
 use idempotency::{actix, StoredResponse};
 
-use super::problem::{self, Problem};
+use super::problem;
 use super::{body, seats, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
+use crate::problem::Problem;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -36,11 +36,10 @@ use utoipa_actix_web::OpenApiFactory;
 
 use crate::auth::Verifier;
 use crate::checkout::orders::Orders;
+use crate::problem::{answers, Kind, Problem};
 use crate::readiness::Readiness;
-use problem::{answers, Kind, Problem};
 
 pub use auth::Buyer;
-pub use orders::answer as order_answer;
 
 /// What every handler may use; built once per instance.
 pub struct AppState {
@@ -84,7 +83,7 @@ pub fn routes(key_life: Duration, with_metrics: bool) -> impl FnOnce(&mut web::S
 }
 
 /// The API: each operation registered once, with the problems it answers
-/// (`problem::answers`). Registering it is also what collects
+/// (`crate::problem::answers`). Registering it is also what collects
 /// `/openapi.json` (`openapi::Document`).
 fn api(cfg: &mut ServiceConfig, with_metrics: bool) {
     if with_metrics {
@@ -249,7 +248,7 @@ pub fn bare_refusals_as_problems<B: MessageBody + 'static>() -> ErrorHandlers<B>
         let is_problem = res
             .headers()
             .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes() == problem::CONTENT_TYPE.as_bytes());
+            .is_some_and(|v| v.as_bytes() == crate::problem::CONTENT_TYPE.as_bytes());
         if is_problem {
             return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
         }

@@ -26,8 +26,8 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
-use super::problem::{Carries, Entry, Kind, ProblemDetails, CONTENT_TYPE};
 use crate::checkout::orders::outbox::{OrderEvent, SIGNATURE_HEADER};
+use crate::problem::{Carries, Entry, Kind, ProblemDetails, CONTENT_TYPE};
 
 /// The name of the bearer-token scheme the handlers' `security(...)` name.
 const BEARER: &str = "bearer";
@@ -242,10 +242,7 @@ pub fn document_answers(operation: &mut Operation, problems: &[Kind]) {
     let mut by_status: BTreeMap<u16, Vec<Entry>> = BTreeMap::new();
     for kind in problems {
         let entry = kind.entry();
-        by_status
-            .entry(entry.status.as_u16())
-            .or_default()
-            .push(entry);
+        by_status.entry(entry.status).or_default().push(entry);
     }
     for (status, entries) in by_status {
         let response = problem_response(&entries, keyed);

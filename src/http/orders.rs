@@ -2,14 +2,15 @@ use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use idempotency::{actix, StoredResponse};
+use idempotency::actix;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::problem::{self, Problem};
+use super::problem;
 use super::{body, cursor, seats, AppState, Buyer};
 use crate::checkout::orders::click::{self, Click};
-use crate::checkout::orders::{NewOrder, Order, OrderStatus};
+use crate::checkout::orders::{NewOrder, Order};
+use crate::problem::Problem;
 use crate::telemetry;
 
 /// `GET /orders` without `limit`.
@@ -118,32 +119,6 @@ pub async fn create(
         telemetry::note_order(&req, order_id);
     }
     answered
-}
-
-/// How an order is answered to the click that made it, once it has an
-/// outcome: 201 with the order and its `Location`, 402 `payment-declined`
-/// (with Payrail's reason when it was heard), or 402 `payment-failed` for
-/// an order Payrail never decided.
-pub fn answer(order: &Order) -> StoredResponse {
-    let order_id = order.order_id;
-    match order.status {
-        OrderStatus::Declined => {
-            return Problem::PaymentDeclined {
-                order_id,
-                decline_code: order.decline_code,
-            }
-            .to_response();
-        }
-        OrderStatus::Failed => return Problem::PaymentFailed { order_id }.to_response(),
-        OrderStatus::PaymentPending | OrderStatus::Paid => {}
-    }
-    // Serializing an order (numbers, strings, a uuid) cannot fail.
-    StoredResponse::new(
-        201,
-        "application/json",
-        serde_json::to_vec(order).unwrap_or_default(),
-    )
-    .with_location(format!("/orders/{}", order.order_id))
 }
 
 /// Another buyer's order is 404.

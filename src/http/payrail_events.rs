@@ -13,11 +13,11 @@ use actix_web::{post, web, HttpRequest, HttpResponse};
 use idempotency::{actix, Done, Engine, IdempotencyKey, Reply, StoredResponse};
 use serde_json::json;
 
-use super::problem::Problem;
 use super::{body, AppState};
 use crate::checkout::orders::EventResult;
 use crate::observe::{Counter, Histogram, Label, Metric};
 use crate::payrail::{Event, EventKind, SignatureError, Verifier};
+use crate::problem::Problem;
 
 /// The idempotency scope event ids are kept in. A scope is compared with
 /// buyer ids, and a buyer id may be any printable string of up to 255

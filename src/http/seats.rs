@@ -6,11 +6,11 @@
 use actix_web::http::header::{self, AcceptEncoding, Encoding, EntityTag, Header};
 use actix_web::{get, web, HttpRequest, HttpResponse};
 
-use super::problem::Problem;
 use super::{AppState, Buyer};
 use crate::auth::BuyerId;
 use crate::checkout::seat_maps::MapBody;
 use crate::checkout::seats::SeatMap;
+use crate::problem::Problem;
 
 /// Each buyer's map is their own (`your_hold`), and it changes with every
 /// hold: no shared cache may keep it, and a browser asks again each time,
@@ -94,7 +94,7 @@ pub(super) async fn holds_may_have_changed(
                     || response.status() == actix_web::http::StatusCode::PAYMENT_REQUIRED)
         }
         // An order's charge may have failed after its holds went into it.
-        Err(problem) => problem.status().is_server_error(),
+        Err(problem) => problem.status() >= 500,
     };
     if changed {
         state.seat_maps.changed(&state.pool, buyer).await;

@@ -9,7 +9,7 @@ use serde_json::json;
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::config::Settings;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
-use stagedoor_checkout::{db, http, payrail};
+use stagedoor_checkout::{db, payrail};
 use tokio::sync::Barrier;
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen, TestApp};
@@ -33,7 +33,7 @@ async fn retry_until_answered(app: &TestApp, buyer: &str, key: &str, holds: &[i6
 fn reconciliation(settings: &Settings) -> Reconcile {
     let pool = db::pool(&settings.database).unwrap();
     let payrail = payrail::Client::new(&settings.payrail, &settings.payrail.base_url).unwrap();
-    let orders = Orders::new(pool.clone(), Arc::new(payrail), http::order_answer);
+    let orders = Orders::new(pool.clone(), Arc::new(payrail));
     Reconcile::new(pool, orders, &settings.reconcile)
 }
 

@@ -326,11 +326,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     let hold_id = app.hold("alice", seats[1]).await;
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
         .expect("a Payrail client");
-    let orders = Orders::new(
-        db.pool.clone(),
-        Arc::new(payrail),
-        stagedoor_checkout::http::order_answer,
-    );
+    let orders = Orders::new(db.pool.clone(), Arc::new(payrail));
     let paying = claim(&db.pool).await;
     db.sent();
     let order = Click::new(

@@ -7,7 +7,7 @@ use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, Stor
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
-use stagedoor_checkout::{http, payrail};
+use stagedoor_checkout::payrail;
 use test_support::paused::{Failed, Paused};
 
 use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
@@ -101,7 +101,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     let hold = app.hold("alice", seats[0]).await;
     let pool = stagedoor_checkout::db::pool(&app.settings.database).unwrap();
     let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url()).unwrap();
-    let orders = Orders::new(pool.clone(), payrail.into(), http::order_answer);
+    let orders = Orders::new(pool.clone(), payrail.into());
     let policy = Policy {
         ttl: Duration::from_secs(3600),
         lease: Duration::from_secs(1),

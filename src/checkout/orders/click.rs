@@ -6,20 +6,23 @@
 //! commit for the key, the holds, the order and its link), and the
 //! settlement stores the answer with it (`checkout_settle_claimed`,
 //! `idempotency::Storing`). Payrail is called between them, with no
-//! transaction and no connection held. On Citus the holds stay on the
+//! transaction and no connection held. The answer is made here, from the
+//! order (`answer`), so that it is stored in the settlement's own call. On
+//! Citus the holds stay on the
 //! coordinator and the order and its key go to the buyer's worker, with
 //! each commit on those two nodes alone.
 
 use std::sync::LazyLock;
 
-use idempotency::{Claim, Done, Fence, Opening, OpeningStep, Storing};
+use idempotency::{Claim, Done, Fence, Opening, OpeningStep, StoredResponse, Storing};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::settle::{counted, decision};
+use super::outcome::{counted, decision};
 use super::{load, NewOrder, Order, OrderStatus, Orders, CURRENCY};
 use crate::checkout::CheckoutError;
 use crate::payrail::{ChargeOutcome, PaymentError};
+use crate::problem::Problem;
 
 /// A click's order as asked, before its key is claimed: the order's id and
 /// the call that makes it are chosen once, so that the claim's own call can
@@ -78,7 +81,7 @@ pub async fn place(orders: &Orders, claim: &Claim, click: &Click) -> Result<Done
         // Settled already (by reconciliation, or by the holder this claim
         // took the key from): nothing left to make, and the order keeps the
         // reason of a decline.
-        return Ok(Done::Answer((orders.answer)(&order)));
+        return Ok(Done::Answer(answer(&order)));
     }
     let outcome = orders
         .payrail
@@ -168,13 +171,13 @@ async fn settle(
     order.status = status;
     order.charge_id = charge_id.cloned();
     order.decline_code = decline_code;
-    let answer = (orders.answer)(&order);
+    let answered = answer(&order);
     let client = orders.pool.get().await?;
     let (fence, row) = claim
         .store_with(
             &client,
             &SETTLE,
-            &answer,
+            &answered,
             &[&order.order_id, &status, &charge_id, &order.decline_code],
         )
         .await?;
@@ -191,11 +194,39 @@ async fn settle(
             // Being canceled: its answer is stored when Payrail confirms.
             return Err(CheckoutError::Canceling);
         }
-        return Ok(Done::Stored((orders.answer)(&settled)));
+        return Ok(Done::Stored(answer(&settled)));
     }
     counted(&order);
     Ok(match fence {
-        Fence::Held => Done::Stored(answer),
+        Fence::Held => Done::Stored(answered),
         Fence::Lost => Done::Fenced,
     })
+}
+
+/// How an order is answered to the click that made it, once it has an
+/// outcome: 201 with the order and its `Location`, 402 `payment-declined`
+/// (with Payrail's reason when it was heard), or 402 `payment-failed` for
+/// an order Payrail never decided. Made from the order alone, so that
+/// whoever makes it again (a takeover, reconciliation, Payrail's event)
+/// makes the same bytes.
+pub fn answer(order: &Order) -> StoredResponse {
+    let order_id = order.order_id;
+    match order.status {
+        OrderStatus::Declined => {
+            return Problem::PaymentDeclined {
+                order_id,
+                decline_code: order.decline_code,
+            }
+            .to_response();
+        }
+        OrderStatus::Failed => return Problem::PaymentFailed { order_id }.to_response(),
+        OrderStatus::PaymentPending | OrderStatus::Paid => {}
+    }
+    // Serializing an order (numbers, strings, a uuid) cannot fail.
+    StoredResponse::new(
+        201,
+        "application/json",
+        serde_json::to_vec(order).unwrap_or_default(),
+    )
+    .with_location(format!("/orders/{}", order.order_id))
 }

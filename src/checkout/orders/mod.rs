@@ -5,7 +5,8 @@
 //! is canceled. No database connection is held while Payrail is being called.
 //!
 //! `click` runs a claimed click (make or resume, charge, settle, answer),
-//! `settle` settles an order outside a claim, `event` applies Payrail's events,
+//! `settle` settles an order outside a claim, `outcome` says what Payrail's
+//! decision means and counts it, `event` applies Payrail's events,
 //! `give_up` ends an undecided order, `outbox` holds the events a settlement
 //! writes for the shop, and this module the order itself: its
 //! types, its parsing, and how it is read back.
@@ -14,13 +15,13 @@ pub mod click;
 mod event;
 mod give_up;
 pub mod outbox;
+mod outcome;
 mod settle;
 mod status;
 
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency::StoredResponse;
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::Row;
@@ -32,20 +33,14 @@ use crate::observe;
 use crate::payrail::{self, Charge};
 
 pub use event::EventResult;
-pub use settle::{record_decision, Reason, Settlement, METRICS};
+pub use outcome::{Reason, METRICS};
+pub use settle::{record_decision, Settlement};
 pub use status::{OrderStatus, PaymentMethod};
 
 /// Every order is charged in this currency.
 pub const CURRENCY: &str = "USD";
 /// More holds than this in one order is not a checkout a person makes.
 const MAX_HOLDS: usize = 50;
-
-/// How an order is answered to the click that made it (201 with the order,
-/// 402 for a declined card, with the reason it keeps): the HTTP layer's to
-/// say, handed in so that the answer can be stored in the same transaction
-/// as the settlement. Made from the order alone, so that whoever makes it
-/// again makes the same bytes.
-pub type Answer = fn(&Order) -> StoredResponse;
 
 /// An order as asked for, checked: at least one hold, none twice, a payment
 /// method of the right form.
@@ -155,22 +150,16 @@ impl Order {
     }
 }
 
-/// The orders of one instance: its pool, its Payrail client, and how an
-/// order is answered.
+/// The orders of one instance: its pool and its Payrail client.
 #[derive(Clone)]
 pub struct Orders {
     pool: Pool,
     payrail: Arc<payrail::Client>,
-    answer: Answer,
 }
 
 impl Orders {
-    pub fn new(pool: Pool, payrail: Arc<payrail::Client>, answer: Answer) -> Self {
-        Self {
-            pool,
-            payrail,
-            answer,
-        }
+    pub fn new(pool: Pool, payrail: Arc<payrail::Client>) -> Self {
+        Self { pool, payrail }
     }
 
     /// A buyer's own order; another buyer's is as good as absent.
