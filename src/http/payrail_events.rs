@@ -14,7 +14,7 @@ use idempotency::{actix, Done, Engine, IdempotencyKey, Reply, StoredResponse};
 use serde_json::json;
 
 use super::{body, AppState};
-use crate::checkout::orders::EventResult;
+use crate::checkout::orders::event::{self, EventResult};
 use crate::observe::{Counter, Histogram, Label, Metric};
 use crate::payrail::{Event, EventKind, SignatureError, Verifier};
 use crate::problem::Problem;
@@ -109,7 +109,7 @@ pub async fn receive(
             None,
             DUPLICATE_WAIT,
             |_claim| async move {
-                let result = orders.apply_event(&event).await.map_err(Problem::from)?;
+                let result = event::apply(orders, &event).await.map_err(Problem::from)?;
                 EVENTS.of((kind, result)).increment(1);
                 if result == EventResult::Applied {
                     // How long after Payrail decided the event took effect.

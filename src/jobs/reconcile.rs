@@ -20,7 +20,7 @@ use deadpool_postgres::Pool;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use crate::checkout::orders::Orders;
+use crate::checkout::orders::{give_up, settle, Orders};
 use crate::checkout::CheckoutError;
 use crate::config::ReconcileSettings;
 use crate::observe::{labels, Counter, Gauge, Metric};
@@ -236,8 +236,7 @@ impl Reconcile {
 
     async fn settle_one(&self, due: Due) -> OrderResult {
         let tried = if due.give_up {
-            self.orders
-                .give_up(&due.user_id, due.order_id)
+            give_up::give_up(&self.orders, &due.user_id, due.order_id)
                 .await
                 .map(|_| OrderResult::GaveUp)
         } else {
@@ -253,13 +252,11 @@ impl Reconcile {
     }
 
     async fn try_settle(&self, user_id: &str, order_id: Uuid) -> Result<(), CheckoutError> {
-        let Some((_, outcome)) = self.orders.charge_again(user_id, order_id).await? else {
+        let Some((_, outcome)) = settle::charge_again(&self.orders, user_id, order_id).await?
+        else {
             return Ok(());
         };
-        let settlement = self
-            .orders
-            .settle_unclaimed(user_id, order_id, &outcome)
-            .await?;
+        let settlement = settle::unclaimed(&self.orders, user_id, order_id, &outcome).await?;
         tracing::info!(%order_id, ?outcome, ?settlement, "settled a pending order");
         Ok(())
     }

@@ -26,7 +26,7 @@ use idempotency::{
 use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
 use stagedoor_checkout::checkout::orders::click::{self, Click};
-use stagedoor_checkout::checkout::orders::{self, outbox, NewOrder, Orders, Settlement};
+use stagedoor_checkout::checkout::orders::{self, outbox, settle, NewOrder, Orders, Settlement};
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use test_support::paused::Paused;
 use tokio::sync::mpsc;
@@ -363,8 +363,7 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     let outcome = ChargeOutcome::Succeeded {
         charge_id: "ch_routed".to_owned(),
     };
-    let settled = orders
-        .settle_unclaimed("alice", order_id, &outcome)
+    let settled = settle::unclaimed(&orders, "alice", order_id, &outcome)
         .await
         .expect("the event's settlement");
     assert!(matches!(settled, Settlement::Already(_)), "{settled:?}");

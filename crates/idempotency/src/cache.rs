@@ -31,7 +31,9 @@ use tokio::time::Instant;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
-use crate::{IdempotencyKey, RequestHash, StoredResponse};
+use crate::fingerprint::RequestHash;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
 
 /// The channel that invalidations are sent on; its payload names one key
 /// (see [`payload`]).

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio_postgres::Row;
 
-use crate::{IdempotencyKey, RequestHash, StoredResponse};
+use crate::fingerprint::RequestHash;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
 
 /// Lifetimes of a key: how long it means the same intent, and how long an
 /// in-progress claim belongs to its request before another may take it over.

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 use crate::store::Begin;
-use crate::{IdempotencyKey, RequestHash, StoredResponse};
+use crate::fingerprint::RequestHash;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
 
 /// A key as `(user_id, key)`.
 type KeyId = (String, String);

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
 
-use crate::{Error, Layout};
+use crate::error::Error;
+use crate::layout::Layout;
 
 /// Rows per statement on one PostgreSQL: large enough to go fast, small
 /// enough to stay brief (a few milliseconds). Each slice of the run is a

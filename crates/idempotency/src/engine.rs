@@ -19,9 +19,14 @@ use crate::reply::{Outcome, Ran, Reply, RunError};
 use crate::store::{self, Begin};
 use crate::unit::{self, Fence};
 use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
-use crate::{
-    AnswerCache, Error, Gate, IdempotencyKey, Limit, Opening, RequestHash, StoredResponse,
-};
+use crate::cache::AnswerCache;
+use crate::error::Error;
+use crate::fingerprint::RequestHash;
+use crate::gate::Gate;
+use crate::key::IdempotencyKey;
+use crate::limit::Limit;
+use crate::response::StoredResponse;
+use crate::statement::Opening;
 
 /// The engine: a pool on the database that holds `idempotency_keys`
 /// ([`migrate`](crate::migrate) makes it), the key policy, the optional

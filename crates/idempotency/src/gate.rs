@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use crate::{Error, IdempotencyKey};
+use crate::error::Error;
+use crate::key::IdempotencyKey;
 
 #[derive(Clone)]
 pub enum Gate {

@@ -23,7 +23,10 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use crate::cache::{payload, CHANNEL};
-use crate::{Error, IdempotencyKey, Policy, StoredResponse};
+use crate::claim::Policy;
+use crate::error::Error;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
 
 /// Where a key that has a row is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

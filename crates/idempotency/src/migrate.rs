@@ -5,6 +5,8 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::error::Error;
+
 refinery::embed_migrations!("migrations");
 
 /// The history table of the engine's migrations.
@@ -17,7 +19,7 @@ const FUNCTIONS: &str = include_str!("../migrations/functions/idempotency.sql");
 /// functions ([`replace_functions`]); returns how many migrations ran.
 /// Several instances starting at once should hold one advisory lock around
 /// this, as around their own migrations.
-pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<usize, crate::Error> {
+pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<usize, Error> {
     let report = migrations::runner()
         .set_migration_table_name(HISTORY_TABLE)
         .run_async(client)
@@ -49,7 +51,7 @@ pub async fn replace_functions(
     owner: &str,
     functions: &str,
     migrated: bool,
-) -> Result<bool, crate::Error> {
+) -> Result<bool, Error> {
     let digest = Sha256::digest(functions.as_bytes()).to_vec();
     client
         .batch_execute(

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::claim::ClaimKind;
 use crate::store::Begin;
 use crate::wait::WaitOutcome;
-use crate::{Error, StoredResponse};
+use crate::error::Error;
+use crate::response::StoredResponse;
 
 /// What to answer the request.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 
 use tokio_postgres::Row;
 
-use crate::Error;
+use crate::error::Error;
 
 /// An answer as it was first given: the status, the headers a client acts on
 /// (`Content-Type`, `Location`) and the body bytes. The engine never looks

@@ -17,7 +17,10 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::{Claim, Error, Fence, StoredResponse};
+use crate::claim::Claim;
+use crate::error::Error;
+use crate::response::StoredResponse;
+use crate::unit::Fence;
 
 /// The work's first writing step, run as the claim itself: a PL/pgSQL
 /// function that takes the claim's six arguments ($1 `user_id`, $2 `key`,

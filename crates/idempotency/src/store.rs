@@ -16,7 +16,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::{Claim, ClaimKind, Error, IdempotencyKey, Opening, Policy, RequestHash, StoredResponse};
+use crate::claim::{Claim, ClaimKind, Policy};
+use crate::error::Error;
+use crate::fingerprint::RequestHash;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
+use crate::statement::Opening;
 
 /// What the key row says about a request.
 #[derive(Debug)]

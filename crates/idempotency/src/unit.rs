@@ -16,7 +16,8 @@
 use deadpool_postgres::{GenericClient, Object, Transaction};
 
 use crate::claim::{Claim, Done};
-use crate::{Error, StoredResponse};
+use crate::error::Error;
+use crate::response::StoredResponse;
 
 /// One transaction of a claim's work; see the module documentation.
 pub struct Unit<'a> {

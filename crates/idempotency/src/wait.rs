@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::claim::Policy;
 use crate::store;
-use crate::IdempotencyKey;
+use crate::key::IdempotencyKey;
 
 /// The first poll comes this soon; each next one later, up to the cap.
 pub(crate) const FIRST_POLL: Duration = Duration::from_millis(10);

@@ -7,7 +7,7 @@
 
 use uuid::Uuid;
 
-use super::settle::Settlement;
+use super::settle::{self, Settlement};
 use super::{by_id, load, Order, OrderStatus, Orders};
 use crate::checkout::CheckoutError;
 use crate::observe::labels;
@@ -35,75 +35,68 @@ labels! {
     }
 }
 
-impl Orders {
-    /// Applies a verified event once it is known to be new.
-    pub async fn apply_event(&self, event: &Event) -> Result<EventResult, CheckoutError> {
-        let (Some(order_id), Some(outcome)) = (event.order_id(), event.outcome()) else {
-            return Ok(EventResult::Unknown);
-        };
-        let Some(order) = self.order_of(order_id).await? else {
-            return Ok(EventResult::Unknown);
-        };
-        if !event.charges(order.amount_cents, &order.currency) {
-            // A signed event for another sum is Payrail's error or a leaked
-            // secret, never a reason to sell seats. It is answered 200 and
-            // stored under its id like any other event: the event will not
-            // change, so a 4xx/5xx would only have Payrail retry it for
-            // days. The order stays pending, and reconciliation settles it
-            // by Payrail's answer to the order's own charge.
-            tracing::error!(
-                %order_id,
-                event_id = %event.id,
-                order_amount_cents = order.amount_cents,
-                order_currency = %order.currency,
-                event_amount_cents = event.data.charge.amount_cents,
-                event_currency = %event.data.charge.currency,
-                "a Payrail event's amount or currency is not its order's; nothing changed"
-            );
-            return Ok(EventResult::Mismatched);
-        }
-        Ok(
-            match self
-                .settle_unclaimed(&order.user_id, order_id, &outcome)
-                .await?
-            {
-                Settlement::Applied(_) => EventResult::Applied,
-                Settlement::Already(order) if agrees(&order, &outcome) => {
-                    EventResult::AlreadySettled
-                }
-                Settlement::Already(order) => {
-                    tracing::error!(
-                        %order_id,
-                        event_id = %event.id,
-                        status = order.status.as_str(),
-                        charge_id = ?order.charge_id,
-                        ?outcome,
-                        "a Payrail event contradicts how its order was settled; nothing changed"
-                    );
-                    EventResult::Contradicting
-                }
-                // Being canceled: Payrail's confirmation of the cancel ends it.
-                Settlement::Unsettled => EventResult::AlreadySettled,
-            },
-        )
+/// Applies a verified event once it is known to be new.
+pub async fn apply(orders: &Orders, event: &Event) -> Result<EventResult, CheckoutError> {
+    let (Some(order_id), Some(outcome)) = (event.order_id(), event.outcome()) else {
+        return Ok(EventResult::Unknown);
+    };
+    let Some(order) = order_of(orders, order_id).await? else {
+        return Ok(EventResult::Unknown);
+    };
+    if !event.charges(order.amount_cents, &order.currency) {
+        // A signed event for another sum is Payrail's error or a leaked
+        // secret, never a reason to sell seats. It is answered 200 and
+        // stored under its id like any other event: the event will not
+        // change, so a 4xx/5xx would only have Payrail retry it for
+        // days. The order stays pending, and reconciliation settles it
+        // by Payrail's answer to the order's own charge.
+        tracing::error!(
+            %order_id,
+            event_id = %event.id,
+            order_amount_cents = order.amount_cents,
+            order_currency = %order.currency,
+            event_amount_cents = event.data.charge.amount_cents,
+            event_currency = %event.data.charge.currency,
+            "a Payrail event's amount or currency is not its order's; nothing changed"
+        );
+        return Ok(EventResult::Mismatched);
     }
+    Ok(
+        match settle::unclaimed(orders, &order.user_id, order_id, &outcome).await? {
+            Settlement::Applied(_) => EventResult::Applied,
+            Settlement::Already(order) if agrees(&order, &outcome) => EventResult::AlreadySettled,
+            Settlement::Already(order) => {
+                tracing::error!(
+                    %order_id,
+                    event_id = %event.id,
+                    status = order.status.as_str(),
+                    charge_id = ?order.charge_id,
+                    ?outcome,
+                    "a Payrail event contradicts how its order was settled; nothing changed"
+                );
+                EventResult::Contradicting
+            }
+            // Being canceled: Payrail's confirmation of the cancel ends it.
+            Settlement::Unsettled => EventResult::AlreadySettled,
+        },
+    )
+}
 
-    /// An order known by its id alone, as events name it: by its buyer as
-    /// the order's holds name them (until the order is declined or failed),
-    /// else by its id. On Citus the holds are the coordinator's, and the
-    /// orders are split by buyer, so that a lookup by the order's id alone
-    /// asks every shard: it is the fallback.
-    async fn order_of(&self, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
-        let client = self.pool.get().await?;
-        let held_by = client
-            .prepare_cached("SELECT user_id FROM holds WHERE order_id = $1 LIMIT 1")
-            .await?;
-        if let Some(row) = client.query_opt(&held_by, &[&order_id]).await? {
-            let user_id: String = row.try_get(0)?;
-            return Ok(load(&client, &user_id, order_id).await?);
-        }
-        Ok(by_id(&client, order_id).await?)
+/// An order known by its id alone, as events name it: by its buyer as
+/// the order's holds name them (until the order is declined or failed),
+/// else by its id. On Citus the holds are the coordinator's, and the
+/// orders are split by buyer, so that a lookup by the order's id alone
+/// asks every shard: it is the fallback.
+async fn order_of(orders: &Orders, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
+    let client = orders.pool.get().await?;
+    let held_by = client
+        .prepare_cached("SELECT user_id FROM holds WHERE order_id = $1 LIMIT 1")
+        .await?;
+    if let Some(row) = client.query_opt(&held_by, &[&order_id]).await? {
+        let user_id: String = row.try_get(0)?;
+        return Ok(load(&client, &user_id, order_id).await?);
     }
+    Ok(by_id(&client, order_id).await?)
 }
 
 /// Whether a settled order says what the event says: paid by this charge;

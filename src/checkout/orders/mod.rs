@@ -12,11 +12,11 @@
 //! types, its parsing, and how it is read back.
 
 pub mod click;
-mod event;
-mod give_up;
+pub mod event;
+pub mod give_up;
 pub mod outbox;
 mod outcome;
-mod settle;
+pub mod settle;
 mod status;
 
 use std::sync::Arc;
@@ -32,7 +32,6 @@ use crate::db::DbError;
 use crate::observe;
 use crate::payrail::{self, Charge};
 
-pub use event::EventResult;
 pub use outcome::{Reason, METRICS};
 pub use settle::{record_decision, Settlement};
 pub use status::{OrderStatus, PaymentMethod};

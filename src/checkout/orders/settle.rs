@@ -30,97 +30,104 @@ pub enum Settlement {
     Unsettled,
 }
 
-impl Orders {
-    /// Settles a pending order outside any claim (reconciliation, an
-    /// event), storing its answer on the order's key if that key still
-    /// belongs to the same intent and has no answer yet.
-    pub async fn settle_unclaimed(
-        &self,
-        user_id: &str,
-        order_id: Uuid,
-        outcome: &ChargeOutcome,
-    ) -> Result<Settlement, CheckoutError> {
-        let (status, charge_id, code) = decision(outcome);
-        self.settle_unclaimed_as(user_id, order_id, status, charge_id, code)
-            .await
-    }
+/// Settles a pending order outside any claim (reconciliation, an
+/// event), storing its answer on the order's key if that key still
+/// belongs to the same intent and has no answer yet.
+pub async fn unclaimed(
+    orders: &Orders,
+    user_id: &str,
+    order_id: Uuid,
+    outcome: &ChargeOutcome,
+) -> Result<Settlement, CheckoutError> {
+    let (status, charge_id, code) = decision(outcome);
+    unclaimed_as(orders, user_id, order_id, status, charge_id, code).await
+}
 
-    /// The end of an order Payrail confirmed canceled (with the refunded
-    /// charge, if one was made): `failed`, holds given back, the click
-    /// answered 402 `payment-failed`.
-    pub(super) async fn fail_unclaimed(
-        &self,
-        user_id: &str,
-        order_id: Uuid,
-        charge_id: Option<&String>,
-    ) -> Result<Settlement, CheckoutError> {
-        self.settle_unclaimed_as(user_id, order_id, OrderStatus::Failed, charge_id, None)
-            .await
-    }
+/// The end of an order Payrail confirmed canceled (with the refunded
+/// charge, if one was made): `failed`, holds given back, the click
+/// answered 402 `payment-failed`.
+pub(super) async fn failed(
+    orders: &Orders,
+    user_id: &str,
+    order_id: Uuid,
+    charge_id: Option<&String>,
+) -> Result<Settlement, CheckoutError> {
+    unclaimed_as(
+        orders,
+        user_id,
+        order_id,
+        OrderStatus::Failed,
+        charge_id,
+        None,
+    )
+    .await
+}
 
-    async fn settle_unclaimed_as(
-        &self,
-        user_id: &str,
-        order_id: Uuid,
-        status: OrderStatus,
-        charge_id: Option<&String>,
-        decline_code: Option<&str>,
-    ) -> Result<Settlement, CheckoutError> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let settled = settle(&tx, user_id, order_id, status, charge_id, decline_code).await?;
-        let (order, applied) = match settled {
-            Some(order) => (order, true),
-            None => match load(&tx, user_id, order_id).await? {
-                None => {
-                    return Err(CheckoutError::Inconsistent(format!(
-                        "order {order_id} vanished while settling"
-                    )))
-                }
-                Some(order) if order.status == OrderStatus::PaymentPending => {
-                    return Ok(Settlement::Unsettled)
-                }
-                // Someone else settled it first.
-                Some(order) => (order, false),
-            },
-        };
-        idempotency::store_for_effect(
-            &tx,
-            &order.user_id,
-            &order.idempotency_key,
-            &order_id.to_string(),
-            &answer(&order),
-        )
+async fn unclaimed_as(
+    orders: &Orders,
+    user_id: &str,
+    order_id: Uuid,
+    status: OrderStatus,
+    charge_id: Option<&String>,
+    decline_code: Option<&str>,
+) -> Result<Settlement, CheckoutError> {
+    let mut client = orders.pool.get().await?;
+    let tx = client.transaction().await?;
+    let settled = settle(&tx, user_id, order_id, status, charge_id, decline_code).await?;
+    let (order, applied) = match settled {
+        Some(order) => (order, true),
+        None => match load(&tx, user_id, order_id).await? {
+            None => {
+                return Err(CheckoutError::Inconsistent(format!(
+                    "order {order_id} vanished while settling"
+                )))
+            }
+            Some(order) if order.status == OrderStatus::PaymentPending => {
+                return Ok(Settlement::Unsettled)
+            }
+            // Someone else settled it first.
+            Some(order) => (order, false),
+        },
+    };
+    idempotency::store_for_effect(
+        &tx,
+        &order.user_id,
+        &order.idempotency_key,
+        &order_id.to_string(),
+        &answer(&order),
+    )
+    .await?;
+    tx.commit().await?;
+    if applied {
+        counted(&order);
+    }
+    Ok(if applied {
+        Settlement::Applied(order)
+    } else {
+        Settlement::Already(order)
+    })
+}
+
+/// Asks Payrail again about a pending order, with the order's own key
+/// (so never a second charge): the order and Payrail's decision, or
+/// `None` when the order is no longer pending.
+pub async fn charge_again(
+    orders: &Orders,
+    user_id: &str,
+    order_id: Uuid,
+) -> Result<Option<(Order, ChargeOutcome)>, CheckoutError> {
+    let order = {
+        let client = orders.pool.get().await?;
+        load(&client, user_id, order_id).await?
+    };
+    let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {
+        return Ok(None);
+    };
+    let outcome = orders
+        .payrail
+        .charge_again(order_id, &order.charge())
         .await?;
-        tx.commit().await?;
-        if applied {
-            counted(&order);
-        }
-        Ok(if applied {
-            Settlement::Applied(order)
-        } else {
-            Settlement::Already(order)
-        })
-    }
-
-    /// Asks Payrail again about a pending order, with the order's own key
-    /// (so never a second charge): the order and Payrail's decision, or
-    /// `None` when the order is no longer pending.
-    pub async fn charge_again(
-        &self,
-        user_id: &str,
-        order_id: Uuid,
-    ) -> Result<Option<(Order, ChargeOutcome)>, CheckoutError> {
-        let order = {
-            let client = self.pool.get().await?;
-            load(&client, user_id, order_id).await?
-        };
-        let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {
-            return Ok(None);
-        };
-        let outcome = self.payrail.charge_again(order_id, &order.charge()).await?;
-        Ok(Some((order, outcome)))
-    }
+    Ok(Some((order, outcome)))
 }
 
 /// Records Payrail's decision on a pending order (a declined one gives its
