@@ -192,7 +192,7 @@ engine! {
     pub use migrate::{migrate, replace_functions, HISTORY_TABLE};
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
-    pub use statement::{Opening, OpeningStep, Storing};
+    pub use statement::{Opening, Storing};
     pub use unit::{store_for_effect, Committed, Fence, Unit};
     pub use wait::WaitOutcome;
 

@@ -1,8 +1,10 @@
 //! Steps of one call: an effect written as a PL/pgSQL function of the
 //! caller's, which calls the engine's own functions
-//! (`migrations/functions/idempotency.sql`) for the key's writes, so that the effect and the key's new state
-//! commit together in one round trip and one commit, where a
-//! [`Unit`](crate::Unit)'s transaction around them costs four round trips.
+//! (`migrations/functions/idempotency.sql`) for the key's writes, so that
+//! the effect and the key's new state commit together in one round trip
+//! and one commit, where a [`Unit`](crate::Unit)'s transaction around them
+//! costs four round trips. The caller writes each call whole; the engine
+//! adds its own arguments before the caller's and builds no statement.
 //!
 //! Two kinds: the work's first step opens the claim ([`Opening`]: the key's
 //! insert, then the effect only if it won, and its link), and a later one
@@ -25,14 +27,18 @@ use crate::unit::Fence;
 /// The work's first writing step, run as the claim itself: a PL/pgSQL
 /// function that takes the claim's six arguments ($1 `user_id`, $2 `key`,
 /// $3 the request hash, $4 the claim token, $5 the lease and $6 the TTL in
-/// seconds) and then `params` of its own, returns a column `claim` of type
-/// `idempotency_claim_row` beside at least one of its own (a function with
-/// one column returns that column's type, whose fields PostgreSQL would
-/// then give as its columns), starts with
+/// seconds) and then arguments of its own, returns a column `claim` of
+/// type `idempotency_claim_row` beside at least one of its own (a function
+/// with one column returns that column's type, whose fields PostgreSQL
+/// would then give as its columns), starts with
 /// `claim := idempotency_open($1, ..., $6)` and writes nothing unless
 /// `claim.won`; after its writes it calls `idempotency_link` for an effect
-/// that settles later. Its row comes back with the claim's columns first
-/// (`won` and the key's row), then its own.
+/// that settles later.
+///
+/// The caller writes its call once, whole, as a constant: the claim's
+/// columns first (`won` and the key's row), then its own, as in
+/// `SELECT (step.claim).*, step.* FROM checkout_place_order($1, ..., $10) AS step`;
+/// each request gives it its own arguments ([`Opening::new`]).
 ///
 /// Handed to [`Engine::run`](crate::Engine::run), it replaces the claim's
 /// own statement: a first click is then one call and one commit for its
@@ -41,42 +47,23 @@ use crate::unit::Fence;
 /// won another way (a key past its TTL, a takeover before any link) runs
 /// the same call from the work ([`Claim::open`]), where `idempotency_open`
 /// finds the row already its token's.
-///
-/// The call is written once, in an [`OpeningStep`] (a `static`), and each
-/// request gives it its own arguments ([`OpeningStep::with`]).
 pub struct Opening {
     call: &'static str,
     params: Vec<Box<dyn ToSql + Sync + Send>>,
 }
 
-/// The function of an [`Opening`] and how many arguments of its own it
-/// takes: its call, written once.
-pub struct OpeningStep(String);
-
-impl OpeningStep {
-    pub fn new(function: &str, params: usize) -> Self {
-        let call = call(function, Opening::CLAIM_PARAMS + params);
-        Self(format!("SELECT (step.claim).*, step.* FROM {call} AS step"))
-    }
-
-    /// The step with one request's own arguments, as many as it takes.
-    pub fn with(&'static self, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Opening {
-        Opening {
-            call: &self.0,
-            params,
-        }
-    }
-}
-
 impl Opening {
-    /// The claim's arguments, before the step's own.
-    const CLAIM_PARAMS: usize = 6;
+    /// The step `call` with one request's own arguments, as many as it
+    /// takes after the claim's six.
+    pub fn new(call: &'static str, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Self {
+        Self { call, params }
+    }
 
     /// The call, with the claim's arguments first.
     pub(crate) async fn run(
         &self,
         client: &impl GenericClient,
-        claim: [&(dyn ToSql + Sync); Self::CLAIM_PARAMS],
+        claim: [&(dyn ToSql + Sync); CLAIM_PARAMS],
     ) -> Result<Row, Error> {
         let statement = client.prepare_cached(self.call).await?;
         let params: Vec<&(dyn ToSql + Sync)> = claim
@@ -91,39 +78,34 @@ impl Opening {
     }
 }
 
+/// The claim's arguments, before an opening step's own.
+const CLAIM_PARAMS: usize = 6;
+
 /// Records an outcome and stores the intent's answer, the answer only while
 /// the claim holds (and only if the outcome was made): a PL/pgSQL function
 /// that takes the engine's seven arguments ($1 `user_id`, $2 `key`, $3 the
 /// claim token, $4-$7 the answer's status, content type, location and
-/// body) and then `params` of its own, and returns `held` first. It
+/// body) and then arguments of its own, and returns `held` first. It
 /// records the outcome whoever holds the claim, then, only if it made the
 /// outcome, calls `idempotency_store($1, ..., $7)` last and returns what
 /// that returned as `held` (false otherwise). The outcome settles the
-/// effect, so the key forgets its link with the answer.
+/// effect, so the key forgets its link with the answer. The caller writes
+/// its call whole, as a constant: `SELECT * FROM name($1, ..., $n)`.
 ///
 /// For an effect that is true whoever holds the claim (recording a
 /// decision that another system made, such as a payment's): the request
 /// that holds the key now finds it. The key row is written last, after the
 /// endpoint's rows, the order every writer of both keeps.
-pub struct Storing(String);
+pub struct Storing(&'static str);
 
 impl Storing {
-    /// The answer's arguments, before the step's own.
-    const ANSWER_PARAMS: usize = 7;
-
-    pub fn new(function: &str, params: usize) -> Self {
-        Self(format!(
-            "SELECT * FROM {}",
-            call(function, Self::ANSWER_PARAMS + params)
-        ))
+    pub const fn new(call: &'static str) -> Self {
+        Self(call)
     }
 }
 
-/// `name($1, ..., $params)`.
-fn call(name: &str, params: usize) -> String {
-    let args: Vec<String> = (1..=params).map(|n| format!("${n}")).collect();
-    format!("{name}({})", args.join(", "))
-}
+/// The answer's arguments, before a storing step's own.
+const ANSWER_PARAMS: usize = 7;
 
 impl Claim {
     /// The row of the [`Opening`] that the claim's own call ran, if it did.
@@ -165,7 +147,7 @@ impl Claim {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<(Fence, Row), Error> {
         let status = answer.status as i16;
-        let ours: [&(dyn ToSql + Sync); Storing::ANSWER_PARAMS] = [
+        let ours: [&(dyn ToSql + Sync); ANSWER_PARAMS] = [
             &self.user_id,
             &self.key.as_str(),
             &self.token,
@@ -174,7 +156,7 @@ impl Claim {
             &answer.location,
             &answer.body,
         ];
-        let statement = client.prepare_cached(&step.0).await?;
+        let statement = client.prepare_cached(step.0).await?;
         let params: Vec<&(dyn ToSql + Sync)> = ours.iter().chain(params).copied().collect();
         let row = client.query_one(&statement, &params).await?;
         Ok((Fence::of(row.try_get("held")?), row))

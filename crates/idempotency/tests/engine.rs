@@ -2,14 +2,14 @@
 //! a toy effect table, the engine's migration and nothing of any service.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening, OpeningStep,
-    Outcome, Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
+    Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening, Outcome,
+    Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
 };
 use test_support::db::TestDatabase;
 use test_support::paused::Paused;
@@ -479,7 +479,7 @@ async fn a_key_past_its_ttl_is_a_new_intent_and_the_cleanup_deletes_it() {
     );
 }
 
-static BUMP: LazyLock<OpeningStep> = LazyLock::new(|| OpeningStep::new("bump", 1));
+const BUMP: &str = "SELECT (step.claim).*, step.* FROM bump($1, $2, $3, $4, $5, $6, $7) AS step";
 
 /// The toy's effect as steps of one call: `bump` opens the claim and links
 /// the bump it makes, `note` records an outcome and stores the answer.
@@ -521,7 +521,10 @@ async fn one_call_steps(toy: &Toy) -> (Opening, Storing) {
         )
         .await
         .unwrap();
-    (BUMP.with(vec![Box::new("opened")]), Storing::new("note", 1))
+    (
+        Opening::new(BUMP, vec![Box::new("opened")]),
+        Storing::new("SELECT * FROM note($1, $2, $3, $4, $5, $6, $7, $8)"),
+    )
 }
 
 /// A first request's claim and its first step are one call: the bump is

@@ -5,13 +5,13 @@
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
-    Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, OpeningStep, Policy, Reply,
+    Claim, ClaimKind, Done, Engine, Error, Gate, IdempotencyKey, Limit, Opening, Policy, Reply,
     RequestHash, StoredResponse,
 };
 use test_support::db::TestDatabase;
@@ -101,8 +101,9 @@ impl Toy {
     /// Makes a pending effect and links it to the key, in one call.
     async fn link_pending(&self, claim: &Claim) -> i64 {
         let id = rand_id();
-        static LINK: LazyLock<OpeningStep> = LazyLock::new(|| OpeningStep::new("link_pending", 1));
-        let opening = LINK.with(vec![Box::new(id)]);
+        const LINK: &str = "SELECT (step.claim).*, step.*
+                            FROM link_pending($1, $2, $3, $4, $5, $6, $7) AS step";
+        let opening = Opening::new(LINK, vec![Box::new(id)]);
         let client = self.pool.get().await.unwrap();
         let (fence, _) = claim.open(&client, &opening).await.unwrap();
         assert_eq!(fence, idempotency::Fence::Held);

@@ -12,9 +12,7 @@
 //! coordinator and the order and its key go to the buyer's worker, with
 //! each commit on those two nodes alone.
 
-use std::sync::LazyLock;
-
-use idempotency::{Claim, Done, Fence, Opening, OpeningStep, StoredResponse, Storing};
+use idempotency::{Claim, Done, Fence, Opening, StoredResponse, Storing};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -40,16 +38,20 @@ pub struct Click {
 impl Click {
     /// The click of `request`, with Payrail's readiness as of now.
     pub fn new(orders: &Orders, request: NewOrder) -> Self {
-        // $7 order_id, $8 hold_ids, $9 currency, $10 payment_method.
-        static PLACE: LazyLock<OpeningStep> =
-            LazyLock::new(|| OpeningStep::new("checkout_place_order", 4));
+        // The claim's $1-$6, then $7 order_id, $8 hold_ids, $9 currency,
+        // $10 payment_method.
+        const PLACE: &str = "SELECT (step.claim).*, step.*
+            FROM checkout_place_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS step";
         let order_id = Uuid::new_v4();
-        let opening = PLACE.with(vec![
-            Box::new(order_id),
-            Box::new(request.hold_ids.clone()),
-            Box::new(CURRENCY),
-            Box::new(request.payment_method.as_str().to_owned()),
-        ]);
+        let opening = Opening::new(
+            PLACE,
+            vec![
+                Box::new(order_id),
+                Box::new(request.hold_ids.clone()),
+                Box::new(CURRENCY),
+                Box::new(request.payment_method.as_str().to_owned()),
+            ],
+        );
         Self {
             order_id,
             request,
@@ -166,7 +168,9 @@ async fn settle(
 ) -> Result<Done, CheckoutError> {
     // $1-$7 are the engine's, then the order's id, its new status,
     // Payrail's charge id and decline code.
-    static SETTLE: LazyLock<Storing> = LazyLock::new(|| Storing::new("checkout_settle_claimed", 4));
+    const SETTLE: Storing = Storing::new(
+        "SELECT * FROM checkout_settle_claimed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    );
     let (status, charge_id, decline_code) = decision(outcome);
     order.status = status;
     order.charge_id = charge_id.cloned();
