@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency::{Claim, Done, StoredResponse};
+use idempotency::{Claim, Done, StoredResponse, Unit};
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
@@ -61,7 +61,7 @@ pub async fn place_claimed(
     answer: Answer,
 ) -> Result<Done, CheckoutError> {
     let mut client = pool.get().await?;
-    let unit = claim.unit(&mut client).await?;
+    let unit = Unit::begin(claim, &mut client).await?;
     let hold = match place(unit.tx(), &claim.user_id, seat_id, policy).await {
         Ok(hold) => hold,
         Err(refused) => {

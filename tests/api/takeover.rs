@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse};
+use idempotency::{Done, Engine, Fence, IdempotencyKey, Policy, RequestHash, StoredResponse, Unit};
 use serde_json::json;
 use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
@@ -134,7 +134,7 @@ async fn a_fenced_off_claim_can_neither_make_an_order_nor_store_an_answer() {
     assert!(matches!(fenced, Done::Fenced));
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 0);
     let stale = StoredResponse::new(200, "text/plain", b"stale".to_vec());
-    let unit = paused.claim.unit(&mut client).await.unwrap();
+    let unit = Unit::begin(&paused.claim, &mut client).await.unwrap();
     assert_eq!(unit.store(&stale).await.unwrap(), Fence::Lost);
     unit.rollback().await.unwrap();
     // Its work fails: the key it no longer holds is not given back.

@@ -13,11 +13,11 @@ use deadpool_postgres::Pool;
 use tokio::time::Instant;
 
 use crate::cache::{Asked, Cached};
-use crate::claim::{Claim, Done, Policy};
+use crate::claim::{Claim, Done, Fence, Policy};
 use crate::claiming::{Claiming, Join};
 use crate::reply::{Outcome, Ran, Reply, RunError};
 use crate::store::{self, Begin};
-use crate::unit::{self, Fence};
+use crate::unit;
 use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
 use crate::cache::AnswerCache;
 use crate::error::Error;

@@ -64,7 +64,7 @@
 //! ```no_run
 //! use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 //! use idempotency::actix::{self, Refusal, Unanswered};
-//! use idempotency::{Done, Engine, Policy, StoredResponse};
+//! use idempotency::{Done, Engine, Policy, StoredResponse, Unit};
 //! use std::time::Duration;
 //!
 //! async fn bump(
@@ -81,7 +81,7 @@
 //!     let answered = actix::run(&engine, user, &key, (&req, &body), None, max_wait, |claim| {
 //!         async move {
 //!             let mut client = pool.get().await.map_err(idempotency::Error::from)?;
-//!             let unit = claim.unit(&mut client).await?;
+//!             let unit = Unit::begin(&claim, &mut client).await?;
 //!             let row = unit
 //!                 .tx()
 //!                 .query_one("UPDATE counter SET n = n + 1 RETURNING n", &[])
@@ -162,7 +162,7 @@ engine! {
     #[cfg(feature = "actix")]
     pub mod actix;
     mod cache; // answers in memory, invalidated over LISTEN/NOTIFY
-    mod claim; // the right to do an intent's work, and how the work ends
+    mod claim; // the right to do an intent's work, its steps, and how the work ends
     mod claiming; // copies of one request share the key's statement
     pub mod cleanup; // batched deletion of expired keys
     mod engine; // the engine and the flow of a keyed request
@@ -175,13 +175,13 @@ engine! {
     mod migrate; // the key table's own migrations
     mod reply; // what a request is answered, and what its key decided
     mod response; // what is stored and replayed
-    mod statement; // steps of one call
+    mod statement; // the calls of a step of one call
     mod store; // the key table's claim, its reader and its takeovers
     mod unit; // the atomic step: effect and key state in one transaction
     mod wait; // the waiters of keys in progress
 
     pub use cache::{AnswerCache, CacheEvent, CHANNEL as ANSWER_CHANNEL};
-    pub use claim::{Claim, ClaimKind, Done, Policy};
+    pub use claim::{Claim, ClaimKind, Done, Fence, Policy};
     pub use cleanup::Cleanup;
     pub use engine::Engine;
     pub use error::{is_unavailable, Error};
@@ -193,7 +193,7 @@ engine! {
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
     pub use statement::{Opening, Storing};
-    pub use unit::{store_for_effect, Committed, Fence, Unit};
+    pub use unit::{store_for_effect, Committed, Unit};
     pub use wait::WaitOutcome;
 
     /// Opens one connection outside any pool (migrations, tools), driven by a

@@ -13,16 +13,11 @@
 //! its commit spans only those nodes, so the same function serves one
 //! PostgreSQL and a cluster.
 
-use std::sync::Arc;
-
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::claim::Claim;
 use crate::error::Error;
-use crate::response::StoredResponse;
-use crate::unit::Fence;
 
 /// The work's first writing step, run as the claim itself: a PL/pgSQL
 /// function that takes the claim's six arguments ($1 `user_id`, $2 `key`,
@@ -96,7 +91,7 @@ const CLAIM_PARAMS: usize = 6;
 /// decision that another system made, such as a payment's): the request
 /// that holds the key now finds it. The key row is written last, after the
 /// endpoint's rows, the order every writer of both keeps.
-pub struct Storing(&'static str);
+pub struct Storing(pub(crate) &'static str);
 
 impl Storing {
     pub const fn new(call: &'static str) -> Self {
@@ -105,60 +100,4 @@ impl Storing {
 }
 
 /// The answer's arguments, before a storing step's own.
-const ANSWER_PARAMS: usize = 7;
-
-impl Claim {
-    /// The row of the [`Opening`] that the claim's own call ran, if it did.
-    pub fn opened(&self) -> Option<Arc<Row>> {
-        self.opened.clone()
-    }
-
-    /// Runs `opening` for a claim whose own call did not (a key past its
-    /// TTL, a takeover before any link, no opening at the claim):
-    /// `Fence::Lost` when the claim was lost, and nothing was written.
-    pub async fn open(
-        &self,
-        client: &impl GenericClient,
-        opening: &Opening,
-    ) -> Result<(Fence, Arc<Row>), Error> {
-        let row = opening
-            .run(
-                client,
-                [
-                    &self.user_id,
-                    &self.key.as_str(),
-                    &self.hash.as_bytes(),
-                    &self.token,
-                    &self.policy.lease.as_secs_f64(),
-                    &self.policy.ttl.as_secs_f64(),
-                ],
-            )
-            .await?;
-        Ok((Fence::of(row.try_get("won")?), Arc::new(row)))
-    }
-
-    /// Runs a [`Storing`] step outside any transaction: the outcome and the
-    /// answer commit together (the answer only while the claim holds).
-    pub async fn store_with(
-        &self,
-        client: &impl GenericClient,
-        step: &Storing,
-        answer: &StoredResponse,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<(Fence, Row), Error> {
-        let status = answer.status as i16;
-        let ours: [&(dyn ToSql + Sync); ANSWER_PARAMS] = [
-            &self.user_id,
-            &self.key.as_str(),
-            &self.token,
-            &status,
-            &answer.content_type,
-            &answer.location,
-            &answer.body,
-        ];
-        let statement = client.prepare_cached(step.0).await?;
-        let params: Vec<&(dyn ToSql + Sync)> = ours.iter().chain(params).copied().collect();
-        let row = client.query_one(&statement, &params).await?;
-        Ok((Fence::of(row.try_get("held")?), row))
-    }
-}
+pub(crate) const ANSWER_PARAMS: usize = 7;

@@ -15,7 +15,7 @@
 
 use deadpool_postgres::{GenericClient, Object, Transaction};
 
-use crate::claim::{Claim, Done};
+use crate::claim::{Claim, Done, Fence};
 use crate::error::Error;
 use crate::response::StoredResponse;
 
@@ -23,27 +23,6 @@ use crate::response::StoredResponse;
 pub struct Unit<'a> {
     tx: Transaction<'a>,
     claim: &'a Claim,
-}
-
-/// Whether the claim still held when the key was written: the proof that
-/// [`Unit::finish`] needs. Dropping it unused rolls the unit back on drop.
-#[must_use = "a unit commits only through Unit::finish"]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fence {
-    Held,
-    /// Another request took the key over; nothing of this unit may commit.
-    Lost,
-}
-
-impl Fence {
-    /// What a fenced write of the key row that `held` (or not) proves.
-    pub(crate) fn of(held: bool) -> Self {
-        if held {
-            Fence::Held
-        } else {
-            Fence::Lost
-        }
-    }
 }
 
 /// How a unit ended.
@@ -66,17 +45,15 @@ impl Committed {
     }
 }
 
-impl Claim {
-    /// Opens a unit of this claim's work on `client`.
-    pub async fn unit<'a>(&'a self, client: &'a mut Object) -> Result<Unit<'a>, Error> {
+impl<'a> Unit<'a> {
+    /// Opens a unit of `claim`'s work on `client`.
+    pub async fn begin(claim: &'a Claim, client: &'a mut Object) -> Result<Self, Error> {
         Ok(Unit {
             tx: client.transaction().await?,
-            claim: self,
+            claim,
         })
     }
-}
 
-impl<'a> Unit<'a> {
     /// The transaction to make the effect in.
     pub fn tx(&self) -> &Transaction<'a> {
         &self.tx

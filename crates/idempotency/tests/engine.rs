@@ -9,7 +9,7 @@ use deadpool_postgres::Pool;
 use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::{
     Claim, ClaimKind, Committed, Done, Engine, Error, Fence, IdempotencyKey, Opening, Outcome,
-    Policy, Reply, RequestHash, RunError, StoredResponse, Storing,
+    Policy, Reply, RequestHash, RunError, StoredResponse, Storing, Unit,
 };
 use test_support::db::TestDatabase;
 use test_support::paused::Paused;
@@ -56,7 +56,7 @@ impl Toy {
     /// The toy endpoint's work: one row and its answer, in one unit.
     async fn bump(&self, claim: &Claim) -> Result<Done, Error> {
         let mut client = self.pool.get().await?;
-        let unit = claim.unit(&mut client).await?;
+        let unit = Unit::begin(claim, &mut client).await?;
         let row = unit
             .tx()
             .query_one(
@@ -337,7 +337,7 @@ async fn a_takeover_resumes_the_linked_effect_instead_of_making_another() {
     };
     {
         let mut client = toy.pool.get().await.unwrap();
-        let unit = crashed.unit(&mut client).await.unwrap();
+        let unit = Unit::begin(&crashed, &mut client).await.unwrap();
         unit.tx()
             .execute("INSERT INTO bumps (note) VALUES ('effect-7')", &[])
             .await
@@ -409,7 +409,7 @@ async fn a_failure_that_is_no_answer_gives_the_key_back_unless_an_effect_is_link
     let failed = engine
         .run("alice", &k, &h, None, Duration::ZERO, |claim| async move {
             let mut client = toy.pool.get().await.unwrap();
-            let unit = claim.unit(&mut client).await.unwrap();
+            let unit = Unit::begin(&claim, &mut client).await.unwrap();
             let fence = unit.link("effect-1").await.unwrap();
             unit.finish(fence).await.unwrap();
             Err::<Done, _>("payment timeout")

@@ -10,7 +10,7 @@ use idempotency::cleanup::{Cleanup, Swept};
 use idempotency::inspect::{self, KeyState, Purge, PurgeRefusal};
 use idempotency::{
     Claim, ClaimKind, Done, Engine, Fence, IdempotencyKey, Policy, Reply, RequestHash,
-    StoredResponse,
+    StoredResponse, Unit,
 };
 use test_support::db::TestDatabase;
 use test_support::paused::Paused;
@@ -91,7 +91,7 @@ impl Toy {
     async fn settling(&self, ttl: Duration, user: &str, k: &str, effect: &str) {
         let claim = self.claimed(ttl, user, k).await;
         let mut client = self.pool.get().await.unwrap();
-        let unit = claim.unit(&mut client).await.unwrap();
+        let unit = Unit::begin(&claim, &mut client).await.unwrap();
         unit.tx()
             .execute("INSERT INTO effects (id) VALUES ($1)", &[&effect])
             .await
@@ -316,7 +316,7 @@ async fn a_purge_racing_a_link_sees_the_linked_effect() {
     tokio::time::sleep(Duration::from_millis(1_100)).await;
 
     let mut client = toy.pool.get().await.unwrap();
-    let unit = claim.unit(&mut client).await.unwrap();
+    let unit = Unit::begin(&claim, &mut client).await.unwrap();
     unit.tx()
         .execute("INSERT INTO effects (id) VALUES ('effect-late')", &[])
         .await
