@@ -169,3 +169,38 @@ async fn a_live_file_is_applied_when_it_changed() {
         "the failed file changed nothing"
     );
 }
+
+/// A replaced function is the body every node runs: on Citus the claim is
+/// distributed (it runs whole on the buyer's worker), and the replacement
+/// reaches each worker's copy; on one PostgreSQL there is the one node.
+#[tokio::test]
+async fn a_replaced_function_is_the_body_every_node_runs() {
+    let app = helpers::spawn_app().await;
+    let mut client = app.db.client().await;
+    let changed = ENGINE.replace(
+        "PERFORM set_config('synchronous_commit', 'off', true);",
+        "PERFORM set_config('synchronous_commit', 'off', true); -- replaced",
+    );
+    assert_ne!(changed, ENGINE);
+    assert!(
+        idempotency::replace_functions(&mut client, "idempotency", &changed, false)
+            .await
+            .unwrap()
+    );
+    const BODY: &str = "SELECT prosrc FROM pg_proc WHERE proname = 'idempotency_claim'";
+    let bodies: Vec<String> = if test_support::citus::enabled() {
+        client
+            .query("SELECT result FROM run_command_on_workers($1)", &[&BODY])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    } else {
+        vec![client.query_one(BODY, &[]).await.unwrap().get(0)]
+    };
+    assert!(!bodies.is_empty());
+    for body in &bodies {
+        assert!(body.contains("-- replaced"), "{body}");
+    }
+}
