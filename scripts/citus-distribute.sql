@@ -36,16 +36,20 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'order_events'::regclass) THEN
         PERFORM create_distributed_table('order_events', 'user_id', colocate_with => 'orders');
     END IF;
-    -- The claim (the engine's V3) runs whole on the worker that holds the
-    -- buyer's shard: its first argument is the key's `user_id`. So do what
-    -- it calls there (the engine's V5): the insert and read it shares with
-    -- a step's opening, and the fence of a claim won by its token. A step
-    -- that opens the claim (checkout_place_order) calls them from the
-    -- coordinator, where each statement goes to the worker of its rows.
+    -- The claim runs whole on the worker that holds the buyer's shard: its
+    -- first argument is the key's `user_id`. So do what it calls there:
+    -- the insert and read it shares with a step's opening, and the fence
+    -- of a claim won by its token; and so does an answer's write called on
+    -- its own (a refusal's answer, outside any transaction). A step that
+    -- opens the claim (checkout_place_order) or stores its answer calls
+    -- them from the coordinator, where each statement goes to the worker
+    -- of its rows. (The engine's functions,
+    -- crates/idempotency/migrations/functions/idempotency.sql.)
     FOREACH claim_function IN ARRAY ARRAY[
         'idempotency_claim(text,text,bytea,bigint,float8,float8)',
         'idempotency_open(text,text,bytea,bigint,float8,float8)',
-        'idempotency_lock_claim(text,text,bigint)'
+        'idempotency_lock_claim(text,text,bigint)',
+        'idempotency_store(text,text,bigint,smallint,text,text,bytea,text)'
     ] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_object
                        WHERE objid = claim_function::regprocedure

@@ -285,11 +285,13 @@ async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
     .await
     .expect("store");
     assert!(!stored, "no such key");
+    // The engine's write of an answer, distributed by the buyer: the whole
+    // call is sent to the buyer's worker.
     assert_routed(
         "the answer of a settled order",
         &db.sent(),
         &worker,
-        "idempotency_keys",
+        "idempotency_store",
     );
 }
 
