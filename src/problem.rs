@@ -1,9 +1,11 @@
 //! The service's problems: every failure is a `Problem`, each variant
 //! documented with the status and slug it answers, and its answer's bytes
 //! are RFC 9457 Problem Details made here and nowhere else: what the HTTP
-//! layer sends (`http::problem`, which also says which error is which
-//! problem), and what the domain stores as a click's answer (a declined
-//! order's 402). It knows no actix.
+//! layer sends (`http::problem`), and what a keyed request stores as its
+//! answer (a refusal; a declined order's 402). Which error is which
+//! problem is said here, for the database's, the engine's, Payrail's and
+//! the tokens' errors, and beside `checkout::CheckoutError` for the
+//! domain's. It knows no actix.
 //!
 //! The catalogue (`Kind::entry`) says what each problem type is: its status,
 //! slug and title, what its answer carries, and what the OpenAPI document
@@ -16,9 +18,11 @@ use std::time::Duration;
 use serde::Serialize;
 use uuid::Uuid;
 
-use idempotency::{KeyError, StoredResponse};
+use idempotency::{Done, KeyError, RunError, StoredResponse};
 
+use crate::auth::TokenError;
 use crate::db::DbError;
+use crate::payrail::PaymentError;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://stagedoor.example/problems/";
@@ -593,6 +597,80 @@ impl Problem {
             // The key set is fetched again every 10 s while it is missing.
             Problem::KeysUnavailable => Duration::from_secs(5),
             _ => Duration::from_secs(1),
+        }
+    }
+}
+
+impl From<TokenError> for Problem {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::NoKeys => Problem::KeysUnavailable,
+            _ => Problem::Unauthorized("the bearer token is invalid or expired"),
+        }
+    }
+}
+
+impl From<DbError> for Problem {
+    fn from(error: DbError) -> Self {
+        if error.is_unavailable() {
+            Problem::ServiceUnavailable(error)
+        } else {
+            Problem::Internal(error.into())
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Problem {
+    fn from(error: tokio_postgres::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<idempotency::Error> for Problem {
+    fn from(error: idempotency::Error) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<RunError<Problem>> for Problem {
+    fn from(error: RunError<Problem>) -> Self {
+        match error {
+            RunError::Store(error) => error.into(),
+            RunError::Work(problem) => problem,
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Problem {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        DbError::from(error).into()
+    }
+}
+
+impl From<PaymentError> for Problem {
+    fn from(error: PaymentError) -> Self {
+        match error {
+            PaymentError::Timeout => Problem::PaymentTimeout,
+            PaymentError::Unavailable { retry_after } => {
+                Problem::PaymentUnavailable { retry_after }
+            }
+        }
+    }
+}
+
+/// The work of a keyed request, as the engine stores it: a refusal (a 4xx)
+/// is the intent's answer, stored like any other; anything else is a
+/// failure that is never stored.
+pub fn answer_or_fail<E: Into<Problem>>(done: Result<Done, E>) -> Result<Done, Problem> {
+    match done {
+        Ok(done) => Ok(done),
+        Err(error) => {
+            let problem: Problem = error.into();
+            if problem.is_answer() {
+                Ok(Done::Answer(problem.to_response()))
+            } else {
+                Err(problem)
+            }
         }
     }
 }

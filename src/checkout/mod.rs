@@ -1,19 +1,24 @@
 //! The domain: events and their seats, holds on seats, and orders that pay
-//! for holds. Knows SQL, Payrail and the idempotency engine, not HTTP: it
-//! answers with its own types and [`CheckoutError`], which the HTTP layer
-//! alone turns into statuses and problems. The database decides every race
-//! (constraints and conditional updates), never a read in Rust.
+//! for holds. Knows SQL, Payrail and the idempotency engine, not actix: it
+//! answers with its own types and [`CheckoutError`], each of which is a
+//! problem of the API's catalogue (`crate::problem`), and a click's stored
+//! answer is made from its order (`orders::click::answer`). The database
+//! decides every race (constraints and conditional updates), never a read
+//! in Rust.
 
 pub mod holds;
 pub mod orders;
 pub mod seat_maps;
 pub mod seats;
 
+use std::time::Duration;
+
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::db::DbError;
 use crate::payrail::PaymentError;
+use crate::problem::Problem;
 
 /// Why the checkout could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +68,26 @@ impl From<deadpool_postgres::PoolError> for CheckoutError {
 impl From<idempotency::Error> for CheckoutError {
     fn from(error: idempotency::Error) -> Self {
         DbError::from(error).into()
+    }
+}
+
+/// The problem each refusal or failure of the checkout is.
+impl From<CheckoutError> for Problem {
+    fn from(error: CheckoutError) -> Self {
+        match error {
+            CheckoutError::NoSuchSeat => Problem::NotFound("there is no seat with this seat_id"),
+            CheckoutError::SeatUnavailable => Problem::SeatUnavailable,
+            CheckoutError::HoldLimitReached => Problem::HoldLimitReached,
+            CheckoutError::HoldUnavailable => Problem::HoldUnavailable,
+            CheckoutError::InvalidOrder(why) => Problem::InvalidOrder(why),
+            CheckoutError::Payment(error) => error.into(),
+            // Its answer comes with the cancel's confirmation: retry shortly.
+            CheckoutError::Canceling => Problem::PaymentUnavailable {
+                retry_after: Duration::from_secs(1),
+            },
+            CheckoutError::Db(error) => error.into(),
+            error @ CheckoutError::Inconsistent(_) => Problem::Internal(error.into()),
+        }
     }
 }
 

@@ -5,10 +5,10 @@ use serde::Deserialize;
 
 use idempotency::{actix, StoredResponse};
 
-use super::problem;
+use super::problem::answered;
 use super::{body, seats, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
-use crate::problem::Problem;
+use crate::problem::{answer_or_fail, Problem};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -70,13 +70,13 @@ pub async fn create(
                 None,
                 Duration::from_secs(state.max_wait_secs),
                 |claim| async move {
-                    problem::answer_or_fail(
+                    answer_or_fail(
                         holds::place_claimed(pool, &claim, request.seat_id, policy, answer).await,
                     )
                 },
             )
             .await
-            .map(|answered| problem::answered(&req, answered))
+            .map(|done| answered(&req, done))
             .map_err(Problem::from)
         }
         None => place_unkeyed(&state, &buyer, request.seat_id).await,

@@ -6,11 +6,11 @@ use idempotency::actix;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::problem;
+use super::problem::answered;
 use super::{body, cursor, seats, AppState, Buyer};
 use crate::checkout::orders::click::{self, Click};
 use crate::checkout::orders::{NewOrder, Order};
-use crate::problem::Problem;
+use crate::problem::{answer_or_fail, Problem};
 use crate::telemetry;
 
 /// `GET /orders` without `limit`.
@@ -92,19 +92,19 @@ pub async fn create(
         opening,
         Duration::from_secs(state.max_wait_secs),
         |claim| async move {
-            problem::answer_or_fail(match click {
+            answer_or_fail(match click {
                 Ok(click) => click::place(orders, &claim, click).await,
                 Err(refusal) => Err(refusal.into()),
             })
         },
     )
     .await
-    .map(|answered| problem::answered(&req, answered))
+    .map(|done| answered(&req, done))
     .map_err(Problem::from);
     seats::holds_may_have_changed(&state, &buyer.0, &answered).await;
     // The click's order, for the request's log line: the 201's `Location`,
     // or a 409's while it waits for Payrail (a 402 names it in its body,
-    // which `problem::answered` reads).
+    // which `answered` reads).
     let made = match &answered {
         Ok(response) => response
             .headers()

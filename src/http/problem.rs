@@ -1,65 +1,17 @@
-//! How a `Problem` is sent: which error of the domain, the database, the
-//! engine or Payrail is which problem (the one place that says so), the
-//! response with its headers (`WWW-Authenticate`, `Retry-After`,
-//! `Location`), and a keyed request's answers: a refusal of the domain's is
-//! the intent's answer, stored like any other. Unexpected errors log their
-//! whole chain and answer an opaque 500.
-
-use std::time::Duration;
+//! How a `Problem` is sent: the response with its headers
+//! (`WWW-Authenticate`, `Retry-After`, `Location`), the engine's refusals
+//! (409, 422, 429) as problems, and what a keyed request's stored answer
+//! says, for the request's log. Unexpected errors log their whole chain and
+//! answer an opaque 500.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use idempotency::actix::{Answered, Refusal, Unanswered};
-use idempotency::Done;
 use uuid::Uuid;
 
-use crate::auth::TokenError;
-use crate::checkout::CheckoutError;
-use crate::db::DbError;
-use crate::payrail::PaymentError;
 use crate::problem::{told, Carries, Problem, CONTENT_TYPE};
 use crate::telemetry::{self, ProblemSlug};
-
-impl From<TokenError> for Problem {
-    fn from(error: TokenError) -> Self {
-        match error {
-            TokenError::NoKeys => Problem::KeysUnavailable,
-            _ => Problem::Unauthorized("the bearer token is invalid or expired"),
-        }
-    }
-}
-
-impl From<DbError> for Problem {
-    fn from(error: DbError) -> Self {
-        if error.is_unavailable() {
-            Problem::ServiceUnavailable(error)
-        } else {
-            Problem::Internal(error.into())
-        }
-    }
-}
-
-impl From<tokio_postgres::Error> for Problem {
-    fn from(error: tokio_postgres::Error) -> Self {
-        DbError::from(error).into()
-    }
-}
-
-impl From<idempotency::Error> for Problem {
-    fn from(error: idempotency::Error) -> Self {
-        DbError::from(error).into()
-    }
-}
-
-impl From<idempotency::RunError<Problem>> for Problem {
-    fn from(error: idempotency::RunError<Problem>) -> Self {
-        match error {
-            idempotency::RunError::Store(error) => error.into(),
-            idempotency::RunError::Work(problem) => problem,
-        }
-    }
-}
 
 impl From<Unanswered<Problem>> for Problem {
     fn from(unanswered: Unanswered<Problem>) -> Self {
@@ -79,42 +31,6 @@ impl From<Refusal> for Problem {
             },
             Refusal::KeyReused => Problem::KeyReused,
             Refusal::Limited(retry_after) => Problem::RateLimited { retry_after },
-        }
-    }
-}
-
-impl From<CheckoutError> for Problem {
-    fn from(error: CheckoutError) -> Self {
-        match error {
-            CheckoutError::NoSuchSeat => Problem::NotFound("there is no seat with this seat_id"),
-            CheckoutError::SeatUnavailable => Problem::SeatUnavailable,
-            CheckoutError::HoldLimitReached => Problem::HoldLimitReached,
-            CheckoutError::HoldUnavailable => Problem::HoldUnavailable,
-            CheckoutError::InvalidOrder(why) => Problem::InvalidOrder(why),
-            CheckoutError::Payment(error) => error.into(),
-            // Its answer comes with the cancel's confirmation: retry shortly.
-            CheckoutError::Canceling => Problem::PaymentUnavailable {
-                retry_after: Duration::from_secs(1),
-            },
-            CheckoutError::Db(error) => error.into(),
-            error @ CheckoutError::Inconsistent(_) => Problem::Internal(error.into()),
-        }
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for Problem {
-    fn from(error: deadpool_postgres::PoolError) -> Self {
-        DbError::from(error).into()
-    }
-}
-
-impl From<PaymentError> for Problem {
-    fn from(error: PaymentError) -> Self {
-        match error {
-            PaymentError::Timeout => Problem::PaymentTimeout,
-            PaymentError::Unavailable { retry_after } => {
-                Problem::PaymentUnavailable { retry_after }
-            }
         }
     }
 }
@@ -157,23 +73,6 @@ impl ResponseError for Problem {
     }
 }
 
-/// The work of a keyed request, as the engine stores it: a refusal of the
-/// domain's (a 4xx) is the intent's answer, stored like any other; anything
-/// else is a failure that is never stored.
-pub fn answer_or_fail(done: Result<Done, CheckoutError>) -> Result<Done, Problem> {
-    match done {
-        Ok(done) => Ok(done),
-        Err(error) => {
-            let problem = Problem::from(error);
-            if problem.is_answer() {
-                Ok(Done::Answer(problem.to_response()))
-            } else {
-                Err(problem)
-            }
-        }
-    }
-}
-
 /// The response of a keyed request, marked with what its stored answer
 /// says when it is a problem (its slug and the order it names, for the
 /// request's log): a replay says what the first answer said.
@@ -206,6 +105,8 @@ fn anyhow_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
