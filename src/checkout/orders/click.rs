@@ -39,8 +39,10 @@ impl Click {
     /// The click of `request`, with Payrail's readiness as of now.
     pub fn new(orders: &Orders, request: NewOrder) -> Self {
         // The claim's $1-$6, then $7 order_id, $8 hold_ids, $9 currency,
-        // $10 payment_method.
-        const PLACE: &str = "SELECT (step.claim).*, step.*
+        // $10 payment_method; the claim's columns, then the order's (the
+        // claim is not sent twice: a lost claim's row carries its answer).
+        const PLACE: &str = "SELECT (step.claim).*, step.all_held, step.created_at,
+                                    step.amount_cents, step.seats
             FROM checkout_place_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS step";
         let order_id = Uuid::new_v4();
         let opening = Opening::new(
