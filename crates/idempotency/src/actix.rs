@@ -66,10 +66,10 @@ where
     let (answer, replayed) = answer_of(ran.reply).map_err(Unanswered::Refused)?;
     let mut response = response_of(&answer, replayed);
     if let (true, Some(wait)) = (applied, wait) {
-        if let Ok(value) = HeaderValue::from_str(&format!("wait={}", wait.as_secs())) {
-            response
-                .headers_mut()
-                .insert(header::HeaderName::from_static("preference-applied"), value);
+        let name = header::HeaderName::from_bytes(PREFERENCE_APPLIED.as_bytes());
+        let value = HeaderValue::from_str(&format!("wait={}", wait.as_secs()));
+        if let (Ok(name), Ok(value)) = (name, value) {
+            response.headers_mut().insert(name, value);
         }
     }
     Ok(Answered { response, answer })
