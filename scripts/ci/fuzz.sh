@@ -29,6 +29,7 @@ if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $fuzz_version" ]; then
 fi
 export RUSTC_BOOTSTRAP=1
 unset CARGO_TARGET_DIR # the main build's folder: other flags, it would rebuild both ways
+unset RUSTC_WORKSPACE_WRAPPER # CI's lint of the main workspace (scripts/ci/rustc-lint)
 
 cargo fuzz build --target-dir "$target_dir"
 log="$(mktemp)"
