@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::header::{self, TryIntoHeaderPair};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 
@@ -66,9 +66,8 @@ where
     let (answer, replayed) = answer_of(ran.reply).map_err(Unanswered::Refused)?;
     let mut response = response_of(&answer, replayed);
     if let (true, Some(wait)) = (applied, wait) {
-        let name = header::HeaderName::from_bytes(PREFERENCE_APPLIED.as_bytes());
-        let value = HeaderValue::from_str(&format!("wait={}", wait.as_secs()));
-        if let (Ok(name), Ok(value)) = (name, value) {
+        let pair = (PREFERENCE_APPLIED, format!("wait={}", wait.as_secs())).try_into_pair();
+        if let Ok((name, value)) = pair {
             response.headers_mut().insert(name, value);
         }
     }
