@@ -49,7 +49,7 @@ BEGIN
         'idempotency_claim(text,text,bytea,bigint,float8,float8)',
         'idempotency_open(text,text,bytea,bigint,float8,float8)',
         'idempotency_lock_claim(text,text,bigint)',
-        'idempotency_store(text,text,bigint,smallint,text,text,bytea,text)'
+        'idempotency_store(text,text,bigint,smallint,text,text,bytea,text,boolean)'
     ] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_object
                        WHERE objid = claim_function::regprocedure

@@ -158,9 +158,11 @@ $$;
 -- its TTL for the order's sake, and an order that was not paid gave its
 -- holds back, so the key's answer is all that stops a retry of the click
 -- from ordering and charging again: a purge keeps it until it expires.
+-- Not when `p_key_told_by_caller`: the caller stores the click's answer
+-- next and says it there, so the key row is written once.
 CREATE OR REPLACE FUNCTION checkout_settle_order(
     p_user_id text, p_order_id uuid, p_status text, p_charge_id text,
-    p_decline_code text DEFAULT NULL
+    p_decline_code text DEFAULT NULL, p_key_told_by_caller boolean DEFAULT false
 )
 RETURNS SETOF orders
 LANGUAGE plpgsql
@@ -184,15 +186,19 @@ BEGIN
     INSERT INTO order_events (user_id, order_id, event_id, type)
     VALUES (p_user_id, p_order_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''),
             'order.' || p_status);
-    PERFORM idempotency_settled(p_user_id, settled.idempotency_key, p_order_id::text,
-                                p_status <> 'paid');
+    IF NOT p_key_told_by_caller THEN
+        PERFORM idempotency_settled(p_user_id, settled.idempotency_key, p_order_id::text,
+                                    p_status <> 'paid');
+    END IF;
     RETURN NEXT settled;
 END
 $$;
 
 -- A claimed click's settlement (`idempotency::Storing`): the order settled
 -- as above, then, only if this call moved it, the click's answer stored on
--- its key while the claim holds (`held`). The key row is written last.
+-- its key while the claim holds (`held`), with what the settlement says of
+-- the key. The key row is written last, and once; told apart only when the
+-- claim was lost, so that the key stops outliving its TTL for the order.
 CREATE OR REPLACE FUNCTION checkout_settle_claimed(
     p_user_id text, p_key text, p_claim_token bigint,
     p_status smallint, p_content_type text, p_location text, p_body bytea,
@@ -202,14 +208,22 @@ CREATE OR REPLACE FUNCTION checkout_settle_claimed(
 RETURNS TABLE (held boolean, settled boolean)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    order_key text;
 BEGIN
-    PERFORM 1 FROM checkout_settle_order(p_user_id, p_order_id, p_order_status, p_charge_id,
-                                         p_decline_code);
+    SELECT o.idempotency_key INTO order_key
+    FROM checkout_settle_order(p_user_id, p_order_id, p_order_status, p_charge_id,
+                               p_decline_code, true) o;
     settled := FOUND;
     held := false;
     IF settled THEN
         held := idempotency_store(p_user_id, p_key, p_claim_token,
-                                  p_status, p_content_type, p_location, p_body);
+                                  p_status, p_content_type, p_location, p_body,
+                                  p_keep_answer => p_order_status <> 'paid');
+        IF NOT held THEN
+            PERFORM idempotency_settled(p_user_id, order_key, p_order_id::text,
+                                        p_order_status <> 'paid');
+        END IF;
     END IF;
     RETURN NEXT;
 END

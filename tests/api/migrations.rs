@@ -79,7 +79,7 @@ async fn stored_answers_survive_every_rebuild_of_the_key_table() {
     // claim; its V3 makes the claim one function call; its V4 adds the key's
     // writes as functions; its V5 lets a step open the claim; its V6 makes
     // the claim's row one type; its V7 keeps a settlement's word on the key.
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 7);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 8);
 
     let engine = Engine::new(
         helpers::pool(&db.url),

@@ -46,6 +46,19 @@ async fn key_row(
         .map(|row| (row.get(0), row.get(1), row.get(2)))
 }
 
+/// What the settlement said on the key row: (effect settled, keep answer).
+async fn settled_marks(client: &Client, user: &str, key: &str) -> (bool, bool) {
+    let row = client
+        .query_one(
+            "SELECT effect_settled, keep_answer FROM idempotency_keys
+             WHERE user_id = $1 AND key = $2",
+            &[&user, &key],
+        )
+        .await
+        .expect("the key row");
+    (row.get(0), row.get(1))
+}
+
 /// Each hold's order and whether it is sold, in id order.
 async fn holds_of(client: &Client, holds: &[i64]) -> Vec<(Option<Uuid>, bool)> {
     client
@@ -168,6 +181,11 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
         key_row(&client, "alice", "pay").await,
         Some((Some(7), Some(order_id.to_string()), None))
     );
+    assert_eq!(
+        settled_marks(&client, "alice", "pay").await,
+        (true, false),
+        "a lost claim's settlement still tells the key that its order settled"
+    );
 
     let holds = two_holds(&app, "paid-too").await;
     let order_id = Uuid::new_v4();
@@ -193,6 +211,37 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
         key_row(&client, "alice", "pay-too").await,
         Some((None, None, Some(201))),
         "an answered key keeps only its answer"
+    );
+    assert_eq!(
+        settled_marks(&client, "alice", "pay-too").await,
+        (false, false),
+        "paid: a purge need not keep the answer, and the key was written once"
+    );
+
+    // A claimed click declined: the answer is all that stops a retry from
+    // paying again, said with the answer itself.
+    let holds = two_holds(&app, "declined-click").await;
+    let order_id = Uuid::new_v4();
+    place(&client, ("alice", "decline-click", 7), order_id, &holds).await;
+    let problem = b"{\"type\":\"payment-declined\"}".to_vec();
+    let declined = client
+        .query_one(
+            "SELECT * FROM checkout_settle_claimed($1, $2, $3, 402::smallint,
+                                                  'application/problem+json', NULL, $4, $5,
+                                                  'declined', NULL, 'card_declined')",
+            &[&"alice", &"decline-click", &7_i64, &problem, &order_id],
+        )
+        .await
+        .expect("checkout_settle_claimed, declined");
+    assert!(declined.get::<_, bool>("held"));
+    assert_eq!(holds_of(&client, &holds).await, vec![(None, false); 2]);
+    assert_eq!(
+        key_row(&client, "alice", "decline-click").await,
+        Some((None, None, Some(402)))
+    );
+    assert!(
+        settled_marks(&client, "alice", "decline-click").await.1,
+        "a purge keeps a declined click's answer until it expires"
     );
 
     // A settlement outside any claim: declined, its holds given back.

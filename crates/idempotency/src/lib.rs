@@ -52,7 +52,8 @@
 //! - Never hold a unit (a transaction) across a call to another system: link
 //!   the effect, commit, call, then settle in a second unit. A settlement
 //!   calls the engine's `idempotency_settled` on the key that links the
-//!   effect, in its own transaction: until then the key outlives its TTL.
+//!   effect, in its own transaction (or passes `p_keep_answer` to the
+//!   `idempotency_store` that ends it): until then the key outlives its TTL.
 //!
 //! For support and operations, [`inspect`] shows what one key holds, purges
 //! a key whose intent is over (never one in progress or whose effect is

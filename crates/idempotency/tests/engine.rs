@@ -27,7 +27,7 @@ struct Toy {
 async fn toy() -> Toy {
     let db = TestDatabase::create().await;
     let mut client = db.client().await;
-    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 7);
+    assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 8);
     assert_eq!(idempotency::migrate(&mut client).await.unwrap(), 0);
     client
         .batch_execute(

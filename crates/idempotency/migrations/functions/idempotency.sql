@@ -157,10 +157,15 @@ $$;
 -- or resumed again, so its claim (the token and the lease) goes with the
 -- write, and so does the link: the outcome settled the effect. False when
 -- there was nothing to store on.
+--
+-- `p_keep_answer`, from a caller that settled the linked effect in this
+-- same transaction, is what it would have told `idempotency_settled` (the
+-- link goes with the write, so only the answer's keeping is left to say):
+-- the key row is written once. NULL leaves what the key already says.
 CREATE OR REPLACE FUNCTION idempotency_store(
     p_user_id text, p_key text, p_claim_token bigint,
     p_status smallint, p_content_type text, p_location text, p_body bytea,
-    p_effect text DEFAULT NULL
+    p_effect text DEFAULT NULL, p_keep_answer boolean DEFAULT NULL
 )
 RETURNS boolean
 LANGUAGE plpgsql
@@ -169,7 +174,8 @@ BEGIN
     UPDATE idempotency_keys
     SET response_status = p_status, response_content_type = p_content_type,
         response_location = p_location, response_body = p_body,
-        claim_token = NULL, lease_expires_at = NULL, effect = NULL
+        claim_token = NULL, lease_expires_at = NULL, effect = NULL,
+        keep_answer = coalesce(p_keep_answer, keep_answer)
     WHERE user_id = p_user_id AND key = p_key AND response_status IS NULL
       AND CASE WHEN p_claim_token IS NULL THEN effect = p_effect
                ELSE claim_token = p_claim_token END;
