@@ -210,6 +210,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     order_key text;
+    keep_answer boolean := p_order_status <> 'paid';
 BEGIN
     SELECT o.idempotency_key INTO order_key
     FROM checkout_settle_order(p_user_id, p_order_id, p_order_status, p_charge_id,
@@ -219,10 +220,9 @@ BEGIN
     IF settled THEN
         held := idempotency_store(p_user_id, p_key, p_claim_token,
                                   p_status, p_content_type, p_location, p_body,
-                                  p_keep_answer => p_order_status <> 'paid');
+                                  p_keep_answer => keep_answer);
         IF NOT held THEN
-            PERFORM idempotency_settled(p_user_id, order_key, p_order_id::text,
-                                        p_order_status <> 'paid');
+            PERFORM idempotency_settled(p_user_id, order_key, p_order_id::text, keep_answer);
         END IF;
     END IF;
     RETURN NEXT;

@@ -29,6 +29,37 @@ async fn place(
         .expect("checkout_place_order")
 }
 
+/// `checkout_settle_claimed` for `user`'s click `key` with claim `token`:
+/// the answer (status, content type, location, body), then the order's
+/// outcome (status, charge, decline code).
+async fn settle_claimed(
+    client: &Client,
+    (user, key, token): (&str, &str, i64),
+    (status, content_type, location, body): (i16, &str, Option<String>, &[u8]),
+    order_id: Uuid,
+    (order_status, charge_id, decline_code): (&str, Option<&str>, Option<&str>),
+) -> tokio_postgres::Row {
+    client
+        .query_one(
+            "SELECT * FROM checkout_settle_claimed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            &[
+                &user,
+                &key,
+                &token,
+                &status,
+                &content_type,
+                &location,
+                &body,
+                &order_id,
+                &order_status,
+                &charge_id,
+                &decline_code,
+            ],
+        )
+        .await
+        .expect("checkout_settle_claimed")
+}
+
 /// The key row: (claim token, effect, response status).
 async fn key_row(
     client: &Client,
@@ -149,21 +180,19 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
     let order_id = Uuid::new_v4();
     place(&client, ("alice", "pay", 7), order_id, &holds).await;
     let body = b"{\"status\":\"paid\"}".to_vec();
-    let stale = client
-        .query_one(
-            "SELECT * FROM checkout_settle_claimed($1, $2, $3, 201::smallint, 'application/json',
-                                                  $4, $5, $6, 'paid', 'ch_1')",
-            &[
-                &"alice",
-                &"pay",
-                &8_i64,
-                &format!("/orders/{order_id}"),
-                &body,
-                &order_id,
-            ],
-        )
-        .await
-        .expect("checkout_settle_claimed by a lost claim");
+    let stale = settle_claimed(
+        &client,
+        ("alice", "pay", 8),
+        (
+            201,
+            "application/json",
+            Some(format!("/orders/{order_id}")),
+            &body,
+        ),
+        order_id,
+        ("paid", Some("ch_1"), None),
+    )
+    .await;
     assert!(
         stale.get::<_, bool>("settled"),
         "the outcome is recorded whoever holds the key"
@@ -190,21 +219,19 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
     let holds = two_holds(&app, "paid-too").await;
     let order_id = Uuid::new_v4();
     place(&client, ("alice", "pay-too", 7), order_id, &holds).await;
-    let settled = client
-        .query_one(
-            "SELECT * FROM checkout_settle_claimed($1, $2, $3, 201::smallint, 'application/json',
-                                                  $4, $5, $6, 'paid', 'ch_2')",
-            &[
-                &"alice",
-                &"pay-too",
-                &7_i64,
-                &format!("/orders/{order_id}"),
-                &body,
-                &order_id,
-            ],
-        )
-        .await
-        .expect("checkout_settle_claimed");
+    let settled = settle_claimed(
+        &client,
+        ("alice", "pay-too", 7),
+        (
+            201,
+            "application/json",
+            Some(format!("/orders/{order_id}")),
+            &body,
+        ),
+        order_id,
+        ("paid", Some("ch_2"), None),
+    )
+    .await;
     assert!(settled.get::<_, bool>("settled"));
     assert!(settled.get::<_, bool>("held"));
     assert_eq!(
@@ -224,15 +251,14 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
     let order_id = Uuid::new_v4();
     place(&client, ("alice", "decline-click", 7), order_id, &holds).await;
     let problem = b"{\"type\":\"payment-declined\"}".to_vec();
-    let declined = client
-        .query_one(
-            "SELECT * FROM checkout_settle_claimed($1, $2, $3, 402::smallint,
-                                                  'application/problem+json', NULL, $4, $5,
-                                                  'declined', NULL, 'card_declined')",
-            &[&"alice", &"decline-click", &7_i64, &problem, &order_id],
-        )
-        .await
-        .expect("checkout_settle_claimed, declined");
+    let declined = settle_claimed(
+        &client,
+        ("alice", "decline-click", 7),
+        (402, "application/problem+json", None, &problem),
+        order_id,
+        ("declined", None, Some("card_declined")),
+    )
+    .await;
     assert!(declined.get::<_, bool>("held"));
     assert_eq!(holds_of(&client, &holds).await, vec![(None, false); 2]);
     assert_eq!(
