@@ -60,6 +60,17 @@ async fn settle_claimed(
         .expect("checkout_settle_claimed")
 }
 
+/// A paid click's answer for [`settle_claimed`]: 201 with the order's
+/// `Location` and `body`.
+fn created(order_id: Uuid, body: &[u8]) -> (i16, &'static str, Option<String>, &[u8]) {
+    (
+        201,
+        "application/json",
+        Some(format!("/orders/{order_id}")),
+        body,
+    )
+}
+
 /// The key row: (claim token, effect, response status).
 async fn key_row(
     client: &Client,
@@ -183,12 +194,7 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
     let stale = settle_claimed(
         &client,
         ("alice", "pay", 8),
-        (
-            201,
-            "application/json",
-            Some(format!("/orders/{order_id}")),
-            &body,
-        ),
+        created(order_id, &body),
         order_id,
         ("paid", Some("ch_1"), None),
     )
@@ -222,12 +228,7 @@ async fn the_settlements_settle_the_order_sell_or_free_its_holds_and_answer_the_
     let settled = settle_claimed(
         &client,
         ("alice", "pay-too", 7),
-        (
-            201,
-            "application/json",
-            Some(format!("/orders/{order_id}")),
-            &body,
-        ),
+        created(order_id, &body),
         order_id,
         ("paid", Some("ch_2"), None),
     )
