@@ -253,16 +253,22 @@ async fn order_without_key(
     else {
         return HttpResponse::BadRequest().finish();
     };
-    match without_key::place(
+    let placed = without_key::place(
         &state.pool,
         &payrail,
         buyer.0.as_str(),
         hold_ids,
         &payment_method,
     )
-    .await
-    {
-        Ok(answer) => idempotency::actix::response_of(&answer, false),
+    .await;
+    match placed {
+        Ok(answer) => {
+            // The holds went into the order (or came back with a decline):
+            // the seat maps of every instance learn it, as after a keyed
+            // click, because telling them is not the key's cost.
+            state.seat_maps.changed(&state.pool, &buyer.0).await;
+            idempotency::actix::response_of(&answer, false)
+        }
         Err(error) => HttpResponse::ServiceUnavailable().body(error),
     }
 }
