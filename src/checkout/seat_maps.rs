@@ -20,7 +20,7 @@
 //! holds, the crowd, gets the snapshot's own bytes, serialized, hashed and
 //! compressed once per snapshot.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -53,10 +53,17 @@ const MIN_AGE: Duration = Duration::from_millis(100);
 const KEPT: usize = 64;
 const FORGOTTEN: Duration = Duration::from_secs(60);
 
-/// The channel on which a change of a buyer's holds is told to every
+/// The channel on which a change of buyers' holds is told to every
 /// instance; its payload is a token of the notice, a space, and the
-/// buyer's id.
+/// buyers' ids, one per line (a buyer's id has no control character).
+/// An instance of a version that knew one buyer per notice reads a notice
+/// of several as one buyer it does not know: during a rolling deploy,
+/// those buyers' own holds show on it with the next snapshot.
 pub const CHANNEL: &str = "stagedoor_holds";
+
+/// The most of a notice's payload (PostgreSQL takes less than 8,000
+/// bytes); the buyers past it go in the next notice.
+const PAYLOAD_BYTES: usize = 7_900;
 
 /// The `application_name` of each instance's listening connection, by
 /// which the instances count each other.
@@ -83,6 +90,7 @@ struct Inner {
     listening_since: Mutex<Option<Instant>>,
     /// This instance's notices not yet heard back, by token.
     waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
+    outbox: Mutex<Outbox>,
     /// How many other instances listen, as last counted; -1 until then.
     others: AtomicI64,
     /// What this instance's tokens start with: its own, among all.
@@ -97,10 +105,43 @@ impl Default for Inner {
             changes: Mutex::default(),
             listening_since: Mutex::default(),
             waiting: Mutex::default(),
+            outbox: Mutex::default(),
             others: AtomicI64::new(-1),
             instance: uuid::Uuid::new_v4(),
             sent: AtomicU64::new(0),
         }
+    }
+}
+
+/// The changes not yet told to the other instances, each with the request
+/// that waits for it to be told, and whether a task is telling them.
+#[derive(Default)]
+struct Outbox {
+    changes: Vec<(String, tokio::sync::oneshot::Sender<()>)>,
+    sending: bool,
+}
+
+impl Outbox {
+    /// The next notice's buyers, each once, within [`PAYLOAD_BYTES`], and
+    /// the requests that wait for it.
+    fn next_notice(&mut self) -> (Vec<String>, Vec<tokio::sync::oneshot::Sender<()>>) {
+        let mut buyers = Vec::new();
+        let mut named = HashSet::new();
+        let mut bytes = 0;
+        let mut taken = 0;
+        for (buyer, _) in &self.changes {
+            if !named.contains(buyer) {
+                if !named.is_empty() && bytes + buyer.len() + 1 > PAYLOAD_BYTES {
+                    break;
+                }
+                bytes += buyer.len() + 1;
+                named.insert(buyer);
+                buyers.push(buyer.clone());
+            }
+            taken += 1;
+        }
+        let waiters = self.changes.drain(..taken).map(|(_, done)| done).collect();
+        (buyers, waiters)
     }
 }
 
@@ -210,11 +251,17 @@ impl SeatMaps {
 
     /// The buyer's holds just changed (a hold made or released, an order
     /// placed), committed: this instance's next views of any map read
-    /// them, and so do every other instance's once it hears the notice sent
-    /// here. PostgreSQL hands a notice to every listener at once, so this
-    /// returns once this instance's own listener heard it (or after
-    /// [`HEARD_WITHIN`]): by the time the buyer has the answer and asks
-    /// another instance for the map, that one has heard it too.
+    /// them, and so do every other instance's once it hears the notice
+    /// that names the buyer. PostgreSQL hands a notice to every listener at
+    /// once, so this returns once this instance's own listener heard it (or
+    /// [`HEARD_WITHIN`] after it was sent): by the time the buyer has the
+    /// answer and asks another instance for the map, that one has heard it
+    /// too.
+    ///
+    /// One notice at a time is on its way from an instance, and it names
+    /// every buyer whose change came while the one before was: each
+    /// notice wakes every listener's backend, which beside another
+    /// instance made it the dearest statement of a click.
     pub async fn changed(&self, pool: &Pool, buyer: &BuyerId) {
         self.0.changed(buyer.as_str());
         if self.0.others.load(Ordering::Acquire) == 0 {
@@ -222,22 +269,17 @@ impl SeatMaps {
             // its first seconds, until this one has counted it).
             return;
         }
-        let (token, heard) = self.0.expect_notice();
-        let told = async {
-            let client = pool.get().await?;
-            let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
-            let payload = format!("{token} {}", buyer.as_str());
-            client.execute(&statement, &[&CHANNEL, &payload]).await?;
-            Ok::<_, DbError>(())
+        let (done, told) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut outbox = self.0.outbox();
+            outbox.changes.push((buyer.as_str().to_owned(), done));
+            !std::mem::replace(&mut outbox.sending, true)
         };
-        if let Err(error) = told.await {
-            tracing::warn!(%error, "seat maps: a change of a buyer's holds could not be told to the other instances");
-        } else if let Some(heard) = heard {
-            // Not heard in time: the other instances still show the change
-            // with their next snapshot, within a second.
-            let _ = tokio::time::timeout(HEARD_WITHIN, heard).await;
+        if start {
+            tokio::spawn(tell(Sending(self.0.clone()), pool.clone()));
         }
-        self.0.waiting().remove(&token);
+        // Told, or the task that was telling it is gone.
+        let _ = told.await;
     }
 
     /// The map of `event_id` as `buyer` sees it, or `None` when there is
@@ -367,6 +409,34 @@ impl SeatMaps {
     }
 }
 
+/// The task that tells the outbox's changes, one notice after another,
+/// until it is empty.
+struct Sending(Arc<Inner>);
+
+impl Drop for Sending {
+    // Whatever ends the task, the next change starts another.
+    fn drop(&mut self) {
+        self.0.outbox().sending = false;
+    }
+}
+
+async fn tell(sending: Sending, pool: Pool) {
+    loop {
+        let (buyers, waiters) = {
+            let mut outbox = sending.0.outbox();
+            if outbox.changes.is_empty() {
+                outbox.sending = false;
+                return;
+            }
+            outbox.next_notice()
+        };
+        sending.0.notify(&pool, &buyers).await;
+        for done in waiters {
+            let _ = done.send(());
+        }
+    }
+}
+
 impl Inner {
     fn events(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         // Each map stays whole whatever panicked while holding it.
@@ -391,6 +461,31 @@ impl Inner {
 
     fn changed(&self, buyer: &str) {
         self.changes().note(buyer, Instant::now());
+    }
+
+    fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends one notice of `buyers`' changes and waits until this
+    /// instance's listener heard it, or [`HEARD_WITHIN`]; not heard in
+    /// time or not sent, the other instances still show the changes with
+    /// their next snapshot, within a second.
+    async fn notify(&self, pool: &Pool, buyers: &[String]) {
+        let (token, heard) = self.expect_notice();
+        let sent = async {
+            let client = pool.get().await?;
+            let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
+            let payload = format!("{token} {}", buyers.join("\n"));
+            client.execute(&statement, &[&CHANNEL, &payload]).await?;
+            Ok::<_, DbError>(())
+        };
+        if let Err(error) = sent.await {
+            tracing::warn!(%error, "seat maps: a change of buyers' holds could not be told to the other instances");
+        } else if let Some(heard) = heard {
+            let _ = tokio::time::timeout(HEARD_WITHIN, heard).await;
+        }
+        self.waiting().remove(&token);
     }
 
     /// A token for a notice about to be sent, and what tells when this
@@ -434,10 +529,12 @@ impl idempotency::listen::Listener for Inner {
     }
 
     fn notice(&self, payload: &str) {
-        let Some((token, buyer)) = payload.split_once(' ') else {
+        let Some((token, buyers)) = payload.split_once(' ') else {
             return;
         };
-        self.changed(buyer);
+        for buyer in buyers.lines() {
+            self.changed(buyer);
+        }
         if let Some(heard) = self.waiting().remove(token) {
             let _ = heard.send(());
         }

@@ -1,6 +1,10 @@
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use stagedoor_checkout::checkout::seat_maps::{MAX_AGE, TRUSTED_AFTER};
+use stagedoor_checkout::checkout::seat_maps::{CHANNEL, MAX_AGE, TRUSTED_AFTER};
+use tokio::sync::Barrier;
+use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::helpers::{new_key, spawn_app, spawn_app_with, Seen, TestApp};
 
@@ -433,6 +437,72 @@ async fn a_hold_made_on_another_instance_is_read_for_its_holder() {
         "held",
         "and it read them"
     );
+}
+
+/// Changes that race share their notices: one notice names every buyer
+/// whose change came while the one before was on its way, and every
+/// buyer is named. 48 buyers hold a seat each at once on one instance,
+/// beside another.
+#[tokio::test]
+async fn racing_changes_share_their_notices_and_every_buyer_is_named() {
+    const BUYERS: usize = 48;
+    let one = spawn_app().await;
+    let _other = one.another_instance().await;
+    let seats = one.seed("show", BUYERS as u32, 1000).await;
+    // Each has counted the other, so `one` tells its changes.
+    tokio::time::sleep(TRUSTED_AFTER + Duration::from_secs(1)).await;
+    let (listener, mut connection) = one
+        .db
+        .url
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(NoTls)
+        .await
+        .unwrap();
+    let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(notice) = message {
+                let _ = notices.send(notice.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .await
+        .unwrap();
+
+    let barrier = Arc::new(Barrier::new(BUYERS));
+    let one = Arc::new(one);
+    let holds: Vec<_> = seats
+        .iter()
+        .enumerate()
+        .map(|(i, &seat)| {
+            let (one, barrier) = (one.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                one.hold(&format!("buyer-{i}"), seat).await
+            })
+        })
+        .collect();
+    for hold in holds {
+        hold.await.unwrap();
+    }
+
+    let mut named = HashSet::new();
+    let mut notices = 0;
+    while named.len() < BUYERS {
+        let payload = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+            .await
+            .unwrap_or_else(|_| panic!("named so far: {named:?}"))
+            .unwrap();
+        let (_token, buyers) = payload.split_once(' ').unwrap();
+        named.extend(buyers.lines().map(str::to_owned));
+        notices += 1;
+    }
+    let expected: HashSet<_> = (0..BUYERS).map(|i| format!("buyer-{i}")).collect();
+    assert_eq!(named, expected);
+    assert!(notices < BUYERS, "{notices} notices for {BUYERS} changes");
 }
 
 /// An instance that lost its listener could miss another's change of a
