@@ -553,3 +553,46 @@ impl Slot {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Outbox, PAYLOAD_BYTES};
+
+    fn outbox(buyers: &[String]) -> (Outbox, Vec<tokio::sync::oneshot::Receiver<()>>) {
+        let mut outbox = Outbox::default();
+        let mut told = Vec::new();
+        for buyer in buyers {
+            let (done, waiting) = tokio::sync::oneshot::channel();
+            outbox.changes.push((buyer.clone(), done));
+            told.push(waiting);
+        }
+        (outbox, told)
+    }
+
+    /// A notice names each buyer once, and takes every change of the
+    /// buyers it names, in the order they came.
+    #[test]
+    fn a_notice_names_each_buyer_once_with_all_their_changes() {
+        let buyers = ["alice", "bob", "alice", "carol", "bob"].map(str::to_owned);
+        let (mut outbox, _told) = outbox(&buyers);
+        let (named, waiters) = outbox.next_notice();
+        assert_eq!(named, ["alice", "bob", "carol"]);
+        assert_eq!(waiters.len(), 5);
+        assert!(outbox.changes.is_empty());
+    }
+
+    /// Buyers past the payload's bound wait for the next notice, with
+    /// their changes: 40 ids of the longest go in two notices.
+    #[test]
+    fn buyers_past_the_payload_go_in_the_next_notice() {
+        let buyers: Vec<String> = (0..40).map(|i| format!("{i:0>255}")).collect();
+        let (mut outbox, _told) = outbox(&buyers);
+        let (first, waiters) = outbox.next_notice();
+        assert_eq!(first.len(), PAYLOAD_BYTES / 256);
+        assert_eq!(waiters.len(), first.len());
+        let (second, _) = outbox.next_notice();
+        assert_eq!(first.len() + second.len(), 40);
+        assert_eq!([first, second].concat(), buyers);
+        assert!(outbox.changes.is_empty());
+    }
+}
