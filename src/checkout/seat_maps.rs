@@ -276,7 +276,11 @@ impl SeatMaps {
             !std::mem::replace(&mut outbox.sending, true)
         };
         if start {
-            tokio::spawn(tell(Sending(self.0.clone()), pool.clone()));
+            let sending = Sending {
+                inner: self.0.clone(),
+                emptied: false,
+            };
+            tokio::spawn(tell(sending, pool.clone()));
         }
         // Told, or the task that was telling it is gone.
         let _ = told.await;
@@ -411,26 +415,36 @@ impl SeatMaps {
 
 /// The task that tells the outbox's changes, one notice after another,
 /// until it is empty.
-struct Sending(Arc<Inner>);
+struct Sending {
+    inner: Arc<Inner>,
+    emptied: bool,
+}
 
 impl Drop for Sending {
-    // Whatever ends the task, the next change starts another.
+    /// A task that ended before the outbox was empty (a panic, the
+    /// runtime's end) lets the requests it left answer, and the next
+    /// change start another.
     fn drop(&mut self) {
-        self.0.outbox().sending = false;
+        if !self.emptied {
+            let mut outbox = self.inner.outbox();
+            outbox.changes.clear();
+            outbox.sending = false;
+        }
     }
 }
 
-async fn tell(sending: Sending, pool: Pool) {
+async fn tell(mut sending: Sending, pool: Pool) {
     loop {
         let (buyers, waiters) = {
-            let mut outbox = sending.0.outbox();
+            let mut outbox = sending.inner.outbox();
             if outbox.changes.is_empty() {
                 outbox.sending = false;
+                sending.emptied = true;
                 return;
             }
             outbox.next_notice()
         };
-        sending.0.notify(&pool, &buyers).await;
+        sending.inner.notify(&pool, &buyers).await;
         for done in waiters {
             let _ = done.send(());
         }
