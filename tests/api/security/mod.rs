@@ -117,7 +117,22 @@ async fn assert_refused(app: &TestApp, response: Response, before: Rows, why: &s
     let seen = Seen::of(response).await;
     assert_eq!(seen.status, 401, "{why}");
     assert_eq!(seen.problem(), "unauthorized", "{why}");
-    assert_eq!(rows(app).await, before, "{why}: nothing stored");
+    let after = rows(app).await;
+    if after != before {
+        let keys = app
+            .db
+            .client()
+            .await
+            .query(
+                "SELECT user_id || ' ' || key || ' ' || coalesce(response_status::text, '-')
+                        || ' ' || created_at::text FROM idempotency_keys",
+                &[],
+            )
+            .await
+            .expect("key rows");
+        let keys: Vec<String> = keys.iter().map(|row| row.get(0)).collect();
+        panic!("{why}: stored {after:?} against {before:?}; the keys: {keys:#?}");
+    }
     assert!(app.charges().await.is_empty(), "{why}: nothing charged");
 }
 
