@@ -260,12 +260,13 @@ mod tests {
         let signed = format!("t=1700000000,v1={TAG}");
         assert!(verify(Some(&signed), b"{}", 1_700_000_100).is_ok());
         let another_t = format!("t=1700000001,v1={TAG}");
-        let cases: [(Option<&str>, &[u8], u64, &str); 6] = [
+        let cases: [(Option<&str>, &[u8], u64, &str); 7] = [
             (None, b"{}", 1_700_000_000, "missing"),
             (Some("v1=abcd"), b"{}", 1_700_000_000, "no timestamp"),
             (Some("t=1700000000,v1=zz"), b"{}", 1_700_000_000, "not hex"),
             (Some(&signed), b"{} ", 1_700_000_000, "tampered body"),
             (Some(&signed), b"{}", 1_700_000_301, "too old"),
+            (Some(&signed), b"{}", 1_699_999_699, "too far ahead"),
             (Some(&another_t), b"{}", 1_700_000_000, "another timestamp"),
         ];
         for (header, body, now, why) in cases {
