@@ -17,11 +17,7 @@ async fn a_key_past_its_ttl_is_a_new_intent_even_before_it_is_deleted() {
     let first = Seen::of(app.post_hold("alice", seats[0], Some(&key)).await).await;
     assert_eq!(first.status, 201);
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    assert_eq!(
-        app.count("SELECT count(*) FROM idempotency_keys").await,
-        1,
-        "not deleted yet"
-    );
+    assert_eq!(app.buyer_keys().await, 1, "not deleted yet");
 
     // Another body with the old key: not 422, a new intent.
     let other = Seen::of(app.post_hold("alice", seats[1], Some(&key)).await).await;
@@ -79,10 +75,7 @@ async fn cleanup_deletes_expired_keys_in_batches_while_orders_go_on() {
         .await
         .unwrap();
     assert_eq!(cleanup.run().await.unwrap(), Swept::Skipped);
-    assert_eq!(
-        app.count("SELECT count(*) FROM idempotency_keys").await,
-        12_355
-    );
+    assert_eq!(app.buyer_keys().await, 12_355);
     other_instance
         .execute("SELECT pg_advisory_unlock($1)", &[&CLEANUP_LOCK])
         .await
@@ -135,7 +128,7 @@ async fn the_cleanup_command_prints_how_many_rows_went() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "42");
-    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 0);
+    assert_eq!(app.buyer_keys().await, 0);
 }
 
 /// A click whose payment is still undecided when its key's TTL runs out
@@ -172,7 +165,7 @@ async fn a_click_still_settling_past_the_ttl_keeps_its_key_and_its_order() {
     );
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(
-        app.count("SELECT count(*) FROM idempotency_keys").await,
+        app.buyer_keys().await,
         1,
         "the click's one key, linked or answered with its order (the invariants)"
     );

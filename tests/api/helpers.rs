@@ -411,6 +411,14 @@ impl TestApp {
         sandbox::set_faults(&self.http, &self.sandbox.base_url(), &faults).await;
     }
 
+    /// How many keys buyers' requests stored. The sale job claims a key of
+    /// its own scope for each window of expired holds, from its first tick
+    /// 5 s after the start: a test that runs longer sees those too.
+    pub async fn buyer_keys(&self) -> i64 {
+        self.count("SELECT count(*) FROM idempotency_keys WHERE left(user_id, 1) <> chr(1)")
+            .await
+    }
+
     /// How many rows a query counts.
     pub async fn count(&self, sql: &str) -> i64 {
         self.db
