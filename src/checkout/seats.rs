@@ -53,7 +53,7 @@ pub struct SeedSummary {
     pub price_cents: i64,
 }
 
-/// The statement of an event's snapshot (src/checkout/seat_maps.rs): `$1`
+/// The statement of an event's snapshot (src/checkout/seat_maps/mod.rs): `$1`
 /// the event. Public for the test that reads its plan.
 ///
 /// The exclusion constraint on holds leaves at most one live or ordered
