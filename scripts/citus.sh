@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A three-node Citus cluster on this machine: a coordinator and two workers,
-# each its own `initdb` on a port of 127.0.0.1, from the Citus extension
+# A Citus cluster on this machine: a coordinator and two workers (or
+# STAGEDOOR_CITUS_WORKERS), each its own `initdb` on a port of 127.0.0.1, from the Citus extension
 # installed in the local PostgreSQL. When the extension is missing it is
 # built from the unmodified source that ../shared/vendor holds (no package
 # archive here carries Citus); nothing of Citus is ever part of this clone.
@@ -20,7 +20,9 @@
 #                            install; exit 4 when the tarball is not there
 #
 # Environment: STAGEDOOR_CITUS_DIR (/var/tmp/stagedoor-citus), STAGEDOOR_CITUS_PORT
-# (9700: the coordinator; the workers take the next two), STAGEDOOR_CITUS_DB
+# (9700: the coordinator; the workers take the next ones), STAGEDOOR_CITUS_WORKERS
+# (2: how many workers; a cluster keeps the number it was made with, so
+# another number needs another STAGEDOOR_CITUS_DIR and port), STAGEDOOR_CITUS_DB
 # (stagedoor), STAGEDOOR_BIN (the service binary; else `cargo run --release`),
 # STAGEDOOR_CITUS_VENDOR (../shared/vendor), STAGEDOOR_CITUS_BUILD
 # (/var/tmp/citus-build: kept, so a later run only installs).
@@ -36,8 +38,17 @@ cd "$(dirname "$0")/.."
 dir="${STAGEDOOR_CITUS_DIR:-/var/tmp/stagedoor-citus}"
 base_port="${STAGEDOOR_CITUS_PORT:-9700}"
 db="${STAGEDOOR_CITUS_DB:-stagedoor}"
-ports=("$base_port" "$((base_port + 1))" "$((base_port + 2))")
-names=(coordinator worker1 worker2)
+workers="${STAGEDOOR_CITUS_WORKERS:-2}"
+if ! [[ "$workers" =~ ^[1-9][0-9]?$ ]]; then
+    printf 'citus: STAGEDOOR_CITUS_WORKERS must be a number of workers from 1 to 99, not %s\n' "$workers" >&2
+    exit 2
+fi
+ports=("$base_port")
+names=(coordinator)
+for ((i = 1; i <= workers; i++)); do
+    ports+=("$((base_port + i))")
+    names+=("worker$i")
+done
 
 say() { printf 'citus: %s\n' "$*" >&2; }
 
@@ -183,11 +194,12 @@ cluster_database() { # database
         fi
         psql_on "$port" "$database" -c "CREATE EXTENSION IF NOT EXISTS citus"
     done
-    psql_on "${ports[0]}" "$database" <<SQL
-SELECT citus_set_coordinator_host('127.0.0.1', ${ports[0]});
-SELECT citus_add_node('127.0.0.1', ${ports[1]});
-SELECT citus_add_node('127.0.0.1', ${ports[2]});
-SQL
+    {
+        echo "SELECT citus_set_coordinator_host('127.0.0.1', ${ports[0]});"
+        for port in "${ports[@]:1}"; do
+            echo "SELECT citus_add_node('127.0.0.1', $port);"
+        done
+    } | psql_on "${ports[0]}" "$database"
 }
 
 # lay_out DATABASE: the service's migrations (STAGEDOOR_BIN's, else those
@@ -243,10 +255,17 @@ up() {
     install
     mkdir -p "$dir"
     if [[ "$(id -u)" == 0 ]]; then chown postgres:postgres "$dir"; fi
+    # Its node lists are in every template: a cluster keeps its number of
+    # workers.
+    if [[ -f "$dir/workers" && "$(cat "$dir/workers")" != "$workers" ]]; then
+        say "$dir was made with $(cat "$dir/workers") workers, not $workers: stop it and remove $dir, or set STAGEDOOR_CITUS_DIR and STAGEDOOR_CITUS_PORT for another cluster"
+        exit 2
+    fi
     local i
-    for i in 0 1 2; do
+    for i in "${!names[@]}"; do
         start_node "${names[$i]}" "${ports[$i]}"
     done
+    echo "$workers" >"$dir/workers"
     cluster_database postgres >/dev/null
     cluster_templates >/dev/null
     cluster_database "$db" >/dev/null
@@ -264,10 +283,11 @@ drop() {
 }
 
 stop() {
-    local i
-    for i in 2 1 0; do
-        if [[ -f "$dir/${names[$i]}/PG_VERSION" ]]; then
-            as_server "$bindir/pg_ctl" -D "$dir/${names[$i]}" -m fast -w stop >/dev/null 2>&1 || true
+    local node
+    # The workers first, however many, then the coordinator.
+    for node in "$dir"/worker* "$dir/coordinator"; do
+        if [[ -f "$node/PG_VERSION" ]]; then
+            as_server "$bindir/pg_ctl" -D "$node" -m fast -w stop >/dev/null 2>&1 || true
         fi
     done
     say "stopped"
