@@ -10,7 +10,7 @@
 //! The caller's own holds are exact on every view. The snapshot knows
 //! every live hold's holder, and a view takes the caller's from it, with
 //! no statement, unless the caller's holds changed since the snapshot was
-//! read, as far as this instance knows ([`notices`]): then it reads them
+//! read, as far as this instance knows (`notices.rs`): then it reads them
 //! (one probe of the buyer's index of live holds). A buyer with none of
 //! the event's holds, the crowd, gets the snapshot's own bytes,
 //! serialized, hashed and compressed once per snapshot.
@@ -138,7 +138,7 @@ impl SeatMaps {
     /// The buyer's holds just changed (a hold made or released, an order
     /// placed), committed: this instance's next views of any map read
     /// them, and so do every other instance's once it hears the notice
-    /// that names the buyer, which this waits for ([`notices`]).
+    /// that names the buyer, which this waits for (`notices.rs`).
     pub async fn changed(&self, pool: &Pool, buyer: &BuyerId) {
         Notices::changed(&self.notices, pool, buyer.as_str()).await;
     }
