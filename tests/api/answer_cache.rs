@@ -77,12 +77,33 @@ async fn until_listening(app: &TestApp, n: i64) {
     panic!("{n} listeners never came");
 }
 
+/// Waits until `instance` answers from memory. The server shows its
+/// listener idle after `LISTEN` a moment before the instance itself takes
+/// it as listening, and until then it learns nothing: a throwaway key's
+/// answer (a 404: no such seat) is asked again until it comes from memory.
+async fn until_trusted(app: &TestApp, instance: &ServiceProcess) {
+    let key = new_key();
+    let hits = cache_events(app, instance, "hit").await;
+    for _ in 0..100 {
+        assert_eq!(
+            hold_on(app, instance.url(), 999_999_999, &key).await.status,
+            404
+        );
+        if cache_events(app, instance, "hit").await > hits {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never answered from memory", instance.url());
+}
+
 #[tokio::test]
 async fn a_replay_from_memory_is_the_databases_byte_for_byte_and_another_body_is_422() {
     let app = spawn_app().await;
     let seats = app.seed("show", 2, 2500).await;
     let other = app.spawn_process().await;
     until_listening(&app, 2).await;
+    until_trusted(&app, &other).await;
     let key = new_key();
     let first = hold_on(&app, &app.address, seats[0], &key).await;
     assert_eq!(first.status, 201);
@@ -114,6 +135,7 @@ async fn a_purge_on_one_instance_makes_the_key_a_new_intent_on_the_other_within_
     let seats = app.seed("show", 2, 2500).await;
     let other = app.spawn_process().await;
     until_listening(&app, 2).await;
+    until_trusted(&app, &other).await;
     let key = new_key();
     assert_eq!(hold_on(&app, other.url(), seats[0], &key).await.status, 201);
     let hits = cache_events(&app, &other, "hit").await;
@@ -145,6 +167,7 @@ async fn an_expired_key_is_never_replayed_from_memory() {
     let seats = app.seed("show", 2, 2500).await;
     let other = app.spawn_process().await;
     until_listening(&app, 2).await;
+    until_trusted(&app, &other).await;
     let key = new_key();
     let first = hold_on(&app, other.url(), seats[0], &key).await;
     assert_eq!(first.status, 201);
@@ -166,6 +189,7 @@ async fn an_instance_that_lost_its_listener_trusts_its_cache_only_once_it_listen
     let seats = app.seed("show", 1, 2500).await;
     let other = app.spawn_process().await;
     until_listening(&app, 1).await;
+    until_trusted(&app, &other).await;
     let key = new_key();
     assert_eq!(hold_on(&app, other.url(), seats[0], &key).await.status, 201);
     let hits = cache_events(&app, &other, "hit").await;
