@@ -13,7 +13,8 @@
 //! received (`pg_stat_statements`: one per round trip of the service) and
 //! the transactions prepared on the workers for two-phase commits (the
 //! coordinator's `pg_dist_transaction`, one per worker of a 2PC), over
-//! [`COST_CLICKS`] clicks of each kind, one at a time.
+//! [`COST_CLICKS`] clicks of each kind, one at a time: a first click, its
+//! replay, `GET /orders/{id}`, and a seat map's first view (its read).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -277,6 +278,46 @@ impl Node {
     }
 }
 
+/// Seats of each event whose map [`per_click_costs`] reads, half of them
+/// held.
+const MAP_SEATS: i64 = 200;
+
+/// [`COST_CLICKS`] new events of [`MAP_SEATS`] seats, half of them held by
+/// a buyer who does not view them: the first view of each reads its map
+/// from the database (a view within
+/// `seat_maps::MAX_AGE` of another is served from memory and reaches no
+/// node). The connection is closed before this returns.
+async fn seat_map_events(bench: &Bench) -> Vec<String> {
+    let run = Uuid::new_v4().simple().to_string();
+    let events: Vec<String> = (0..COST_CLICKS).map(|i| format!("map-{run}-{i}")).collect();
+    let client = postgres::connect(&bench.pg.bench_url()).await;
+    client
+        .execute(
+            "INSERT INTO events (event_id) SELECT unnest($1::text[])",
+            &[&events],
+        )
+        .await
+        .expect("the map events");
+    client
+        .execute(
+            "INSERT INTO seats (event_id, label, price_cents)
+             SELECT e, 'S' || g, 4500 FROM unnest($1::text[]) e, generate_series(1, $2::bigint) g",
+            &[&events, &MAP_SEATS],
+        )
+        .await
+        .expect("the map seats");
+    client
+        .execute(
+            "INSERT INTO holds (seat_id, user_id, expires_at)
+             SELECT seat_id, $2, now() + interval '2 hours' FROM seats
+             WHERE event_id = ANY ($1) AND seat_id % 2 = 0",
+            &[&events, &"map-holder"],
+        )
+        .await
+        .expect("the map holds");
+    events
+}
+
 /// What one kind of click cost, per click, on each side.
 struct Cost {
     coordinator_cpu: u64,
@@ -425,6 +466,24 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
             .collect(),
     )
     .await;
+    let auth = bench.buyers.auth[0].clone();
+    let map = cost(
+        &coordinator,
+        &workers,
+        seat_map_events(bench)
+            .await
+            .iter()
+            .map(|event| {
+                let request = http
+                    .get(format!("{url}/events/{event}/seats"))
+                    .header(AUTHORIZATION, auth.clone());
+                async move {
+                    assert_eq!(request.send().await.expect("GET").status(), 200);
+                }
+            })
+            .collect(),
+    )
+    .await;
     println!(
         "  {:<24} {:>16} {:>16} {:>11} {:>6}",
         "", "coordinator CPU", "workers' CPU", "statements", "prepared"
@@ -433,6 +492,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
         ("first", "a first click (201)", &first),
         ("replay", "its replay", &replay),
         ("get", "GET /orders/{id}", &get),
+        ("map", "a seat map's read", &map),
     ] {
         let ms = |nanos: u64| nanos as f64 / 1e6;
         println!(
