@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use stagedoor_checkout::checkout::orders::Orders;
+use stagedoor_checkout::checkout::seats;
 use stagedoor_checkout::jobs::cleanup::Cleanup;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
 use stagedoor_checkout::payrail;
@@ -280,32 +281,23 @@ impl Node {
 
 /// Seats of each event whose map [`per_click_costs`] reads, half of them
 /// held.
-const MAP_SEATS: i64 = 200;
+const MAP_SEATS: u32 = 200;
 
 /// [`COST_CLICKS`] new events of [`MAP_SEATS`] seats, half of them held by
 /// a buyer who does not view them: the first view of each reads its map
-/// from the database (a view within
-/// `seat_maps::MAX_AGE` of another is served from memory and reaches no
-/// node). The connection is closed before this returns.
+/// from the database (a view within `seat_maps::MAX_AGE` of another is
+/// served from memory and reaches no node). The connection is closed
+/// before this returns.
 async fn seat_map_events(bench: &Bench) -> Vec<String> {
     let run = Uuid::new_v4().simple().to_string();
     let events: Vec<String> = (0..COST_CLICKS).map(|i| format!("map-{run}-{i}")).collect();
-    let client = postgres::connect(&bench.pg.bench_url()).await;
-    client
-        .execute(
-            "INSERT INTO events (event_id) SELECT unnest($1::text[])",
-            &[&events],
-        )
-        .await
-        .expect("the map events");
-    client
-        .execute(
-            "INSERT INTO seats (event_id, label, price_cents)
-             SELECT e, 'S' || g, 4500 FROM unnest($1::text[]) e, generate_series(1, $2::bigint) g",
-            &[&events, &MAP_SEATS],
-        )
-        .await
-        .expect("the map seats");
+    let pool = test_support::db::pool(&bench.pg.bench_url(), 1);
+    let client = pool.get().await.expect("a connection");
+    for event in &events {
+        seats::seed(&client, event, MAP_SEATS, 4500)
+            .await
+            .expect("a map's event and seats");
+    }
     client
         .execute(
             "INSERT INTO holds (seat_id, user_id, expires_at)
@@ -316,6 +308,25 @@ async fn seat_map_events(bench: &Bench) -> Vec<String> {
         .await
         .expect("the map holds");
     events
+}
+
+/// One GET of each `(authorization, path)`, each answered 200.
+fn gets<'a>(
+    http: &'a reqwest::Client,
+    url: &'a str,
+    requests: &'a [(HeaderValue, String)],
+) -> Vec<impl std::future::Future<Output = ()> + 'a> {
+    requests
+        .iter()
+        .map(|(auth, path)| {
+            let request = http
+                .get(format!("{url}{path}"))
+                .header(AUTHORIZATION, auth.clone());
+            async move {
+                assert_eq!(request.send().await.expect("GET").status(), 200, "{path}");
+            }
+        })
+        .collect()
 }
 
 /// What one kind of click cost, per click, on each side.
@@ -450,40 +461,14 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     )
     .await;
     let locations = locations.into_inner().expect("locations");
-    let get = cost(
-        &coordinator,
-        &workers,
-        locations
-            .iter()
-            .map(|(auth, location)| {
-                let request = http
-                    .get(format!("{url}{location}"))
-                    .header(AUTHORIZATION, auth.clone());
-                async move {
-                    assert_eq!(request.send().await.expect("GET").status(), 200);
-                }
-            })
-            .collect(),
-    )
-    .await;
-    let auth = bench.buyers.auth[0].clone();
-    let map = cost(
-        &coordinator,
-        &workers,
-        seat_map_events(bench)
-            .await
-            .iter()
-            .map(|event| {
-                let request = http
-                    .get(format!("{url}/events/{event}/seats"))
-                    .header(AUTHORIZATION, auth.clone());
-                async move {
-                    assert_eq!(request.send().await.expect("GET").status(), 200);
-                }
-            })
-            .collect(),
-    )
-    .await;
+    let get = cost(&coordinator, &workers, gets(&http, &url, &locations)).await;
+    let auth = &bench.buyers.auth[0];
+    let maps: Vec<(HeaderValue, String)> = seat_map_events(bench)
+        .await
+        .iter()
+        .map(|event| (auth.clone(), format!("/events/{event}/seats")))
+        .collect();
+    let map = cost(&coordinator, &workers, gets(&http, &url, &maps)).await;
     println!(
         "  {:<24} {:>16} {:>16} {:>11} {:>6}",
         "", "coordinator CPU", "workers' CPU", "statements", "prepared"

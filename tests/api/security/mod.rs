@@ -73,22 +73,10 @@ struct Rows {
 }
 
 async fn rows(app: &TestApp) -> Rows {
-    let row = app
-        .db
-        .client()
-        .await
-        .query_one(
-            "SELECT (SELECT count(*) FROM idempotency_keys WHERE left(user_id, 1) <> chr(1)),
-                    (SELECT count(*) FROM orders),
-                    (SELECT count(*) FROM holds)",
-            &[],
-        )
-        .await
-        .expect("row counts");
     Rows {
-        keys: row.get(0),
-        orders: row.get(1),
-        holds: row.get(2),
+        keys: app.buyer_keys().await,
+        orders: app.count("SELECT count(*) FROM orders").await,
+        holds: app.count("SELECT count(*) FROM holds").await,
     }
 }
 
@@ -119,22 +107,7 @@ async fn assert_refused(app: &TestApp, response: Response, before: Rows, why: &s
     let seen = Seen::of(response).await;
     assert_eq!(seen.status, 401, "{why}");
     assert_eq!(seen.problem(), "unauthorized", "{why}");
-    let after = rows(app).await;
-    if after != before {
-        let keys = app
-            .db
-            .client()
-            .await
-            .query(
-                "SELECT user_id || ' ' || key || ' ' || coalesce(response_status::text, '-')
-                        || ' ' || created_at::text FROM idempotency_keys",
-                &[],
-            )
-            .await
-            .expect("key rows");
-        let keys: Vec<String> = keys.iter().map(|row| row.get(0)).collect();
-        panic!("{why}: stored {after:?} against {before:?}; the keys: {keys:#?}");
-    }
+    assert_eq!(rows(app).await, before, "{why}: nothing stored");
     assert!(app.charges().await.is_empty(), "{why}: nothing charged");
 }
 
