@@ -21,7 +21,7 @@
 -- (docs/decisions/0006-citus-seat-side.md).
 DO $$
 DECLARE
-    claim_function text;
+    signature text;
 BEGIN
     -- One connection per worker for all of it: Citus refuses a local
     -- table's takeover after the parallel shard creation of the tables
@@ -45,18 +45,32 @@ BEGIN
     -- them from the coordinator, where each statement goes to the worker
     -- of its rows. (The engine's functions,
     -- crates/idempotency/migrations/functions/idempotency.sql.)
-    FOREACH claim_function IN ARRAY ARRAY[
+    FOREACH signature IN ARRAY ARRAY[
         'idempotency_claim(text,text,bytea,bigint,float8,float8)',
         'idempotency_open(text,text,bytea,bigint,float8,float8)',
         'idempotency_lock_claim(text,text,bigint)',
         'idempotency_store(text,text,bigint,smallint,text,text,bytea,text,boolean)'
     ] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_object
-                       WHERE objid = claim_function::regprocedure
+                       WHERE objid = signature::regprocedure
                          AND distribution_argument_index IS NOT NULL) THEN
-            PERFORM create_distributed_function(claim_function::regprocedure, '$1',
+            PERFORM create_distributed_function(signature::regprocedure, '$1',
                                                 colocate_with => 'idempotency_keys');
         END IF;
+    END LOOP;
+    -- Every other function of the service and of the engine is on every
+    -- node too, undelegated: a buyer's step is sent to the buyer's worker
+    -- (database.route_to_workers) and called there. Citus copies a
+    -- function to the workers by itself only when nothing it depends on
+    -- stops it (checkout_settle_order returns rows of `orders`).
+    FOR signature IN
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND (p.proname LIKE 'checkout\_%' OR p.proname LIKE 'idempotency\_%')
+           AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                            WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)
+    LOOP
+        PERFORM create_distributed_function(signature::regprocedure);
     END LOOP;
     -- The seat side, with seats and events by their foreign keys.
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN

@@ -1,16 +1,19 @@
-//! The PostgreSQL pool, database creation for local runs, and the embedded
-//! migrations. Everything else asks this module for a `Pool` and never opens
-//! connections of its own. At start, [`Patience`] waits for a database that
+//! The PostgreSQL pool (and on a Citus cluster one per worker, each buyer's
+//! statements routed to its shard's), database creation for local runs,
+//! and the embedded migrations. Everything else asks this module for a
+//! `Pool` or a `Route` and never opens connections of its own. At start, [`Patience`] waits for a database that
 //! is not up yet (`database.connect_timeout_secs`). Every connection is
 //! secured as `database.url`'s `sslmode` says ([`tls`]).
 
 mod tls;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::DatabaseSettings;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idempotency::Route;
 use secrecy::ExposeSecret;
 pub use tls::{PgTls, TlsError};
 use tokio_postgres::error::SqlState;
@@ -159,7 +162,16 @@ pub fn target(settings: &DatabaseSettings) -> Result<(tokio_postgres::Config, Pg
 }
 
 pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
-    let (mut config, tls) = target(settings)?;
+    let (config, tls) = target(settings)?;
+    Ok(pool_on(settings, config, tls)?)
+}
+
+/// A pool of `settings.pool_size` connections made with `config`.
+fn pool_on(
+    settings: &DatabaseSettings,
+    mut config: tokio_postgres::Config,
+    tls: PgTls,
+) -> Result<Pool, deadpool_postgres::BuildError> {
     // Every statement the service prepares finds its rows by key, so a plan
     // made for the actual parameters is never better than the generic one,
     // but PostgreSQL keeps re-planning a statement whose custom plans look
@@ -189,6 +201,56 @@ pub fn pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
         .create_timeout(Some(settings.pool_timeout()))
         .build()?;
     Ok(pool)
+}
+
+/// Where each buyer's statements go: with `database.route_to_workers`, to
+/// the worker of the buyer's shard once [`Route::refresh`] has read the
+/// cluster's shards (nowhere else on one PostgreSQL), else to `home`.
+/// A worker's pool is made like `home`'s, on the worker's address.
+pub fn route(settings: &DatabaseSettings, home: Pool) -> Result<Route, DbError> {
+    if !settings.route_to_workers {
+        return Ok(Route::from(home));
+    }
+    let (config, tls) = target(settings)?;
+    let settings = settings.clone();
+    let open = move |host: &str, port: u16| {
+        pool_on(&settings, on_worker(&config, host, port), tls.clone())
+    };
+    Ok(Route::to_workers(home, Arc::new(open)))
+}
+
+/// `config`'s connection settings on another server: the URL's user,
+/// password, database, options and timeouts (tokio-postgres has no way to
+/// take a host back out of a configuration, so the rest is copied).
+fn on_worker(config: &tokio_postgres::Config, host: &str, port: u16) -> tokio_postgres::Config {
+    let mut worker = tokio_postgres::Config::new();
+    worker
+        .host(host)
+        .port(port)
+        .ssl_mode(config.get_ssl_mode())
+        .keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle())
+        .target_session_attrs(config.get_target_session_attrs())
+        .channel_binding(config.get_channel_binding());
+    if let Some(user) = config.get_user() {
+        worker.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        worker.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        worker.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        worker.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        worker.application_name(name);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        worker.connect_timeout(*timeout);
+    }
+    worker
 }
 
 /// Opens one connection outside the pool (migrations, admin commands).

@@ -14,7 +14,7 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::{AnswerCache, Engine, Gate, Policy};
+use idempotency::{AnswerCache, Engine, Gate, Policy, Route};
 use secrecy::ExposeSecret;
 
 use crate::auth::{self, KeySource, Provider, Verifier};
@@ -25,7 +25,7 @@ use crate::checkout::seats;
 use crate::config::{LockMode, Settings};
 use crate::http::payrail_events::{self, PayrailEvents};
 use crate::http::{self, AppState};
-use crate::jobs::{cleanup, outcomes, reconcile, retention, sale, Jobs};
+use crate::jobs::{cleanup, outcomes, reconcile, retention, sale, shards, Jobs};
 use crate::payrail;
 use crate::readiness::Readiness;
 use crate::{db, observe, telemetry};
@@ -63,6 +63,8 @@ impl Application {
         ]);
         prepare_database(&settings).await?;
         let pool = db::pool(&settings.database)?;
+        let route = db::route(&settings.database, pool.clone())?;
+        shards::refresh_logged(&route).await;
         if settings.demo.seed {
             let client = pool.get().await.context("connecting to the database")?;
             let seeded = seats::seed(&client, DEMO_EVENT, DEMO_SEATS, DEMO_PRICE_CENTS).await?;
@@ -92,7 +94,7 @@ impl Application {
             || settings.payrail.base_url.clone(),
             EmbeddedSandbox::base_url,
         );
-        let mut state = state(&settings, pool.clone(), &payrail_url).await?;
+        let mut state = state(&settings, route.clone(), &payrail_url).await?;
         let outcomes = outcomes::Outcomes::new(pool.clone(), &settings.outcomes)
             .context("the order events' HTTP client (outcomes.*)")?;
         let key_refresh = match KeySource::from_settings(&settings.auth) {
@@ -132,7 +134,7 @@ impl Application {
             server = server.workers(settings.server.workers);
         }
         let server = server.run();
-        let jobs = Jobs::spawn(pool.clone(), orders, limit, outcomes, &settings);
+        let jobs = Jobs::spawn(route, orders, limit, outcomes, &settings);
         tracing::info!(
             port,
             metrics_port = metrics.as_ref().map(|m| m.port),
@@ -238,7 +240,12 @@ impl MetricsListener {
 /// What the handlers share: the pool, the idempotency engine (with the
 /// Redis gate when `idempotency.lock = redis`), the orders with their
 /// Payrail client at `payrail_url`, and the request limits.
-pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow::Result<AppState> {
+pub async fn state(
+    settings: &Settings,
+    route: Route,
+    payrail_url: &str,
+) -> anyhow::Result<AppState> {
+    let pool = route.home().clone();
     let payrail = Arc::new(payrail::Client::new(&settings.payrail, payrail_url)?);
     let gate = match settings.idempotency.lock {
         LockMode::Table => Gate::Table,
@@ -251,7 +258,7 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
         lease: settings.idempotency.lease(),
     };
     let limit = settings.limits.limit();
-    let mut engine = Engine::new(pool.clone(), policy)
+    let mut engine = Engine::new(route.clone(), policy)
         .with_gate(gate)
         .with_limit(limit.clone())
         .on_outcome(observe::idempotency)
@@ -277,15 +284,16 @@ pub async fn state(settings: &Settings, pool: Pool, payrail_url: &str) -> anyhow
             webhook_secret.clone(),
             settings.payrail.webhook_tolerance(),
         ),
-        engine: Engine::new(pool.clone(), policy),
+        engine: Engine::new(route.clone(), policy),
     });
     Ok(AppState {
         engine,
-        orders: Orders::new(pool.clone(), payrail),
+        orders: Orders::new(route.clone(), payrail),
         seat_maps,
         limit,
         readiness: Readiness::new(pool.clone()),
         pool,
+        route,
         verifier: Verifier::new(&settings.auth).context("auth.jwt_secret")?,
         max_wait_secs: settings.idempotency.max_wait_secs,
         holds: HoldPolicy::from(&settings.holds),

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use stagedoor_checkout::config::{LockMode, Settings};
 use stagedoor_checkout::http::{self, AppState, Buyer};
 use stagedoor_checkout::startup::{self, Application};
-use stagedoor_checkout::{db, payrail, telemetry};
+use stagedoor_checkout::{db, jobs, payrail, telemetry};
 use test_support::process::{free_port, Service, ServiceProcess};
 
 use crate::without_key;
@@ -207,8 +207,10 @@ async fn bare_answer(state: web::Data<(Pool, BareQuery, Replayed, Engine)>) -> H
 /// the comparison differs in the key and nothing else.
 pub async fn mirror(settings: &Settings) -> Plain {
     let pool = db::pool(&settings.database).expect("pool");
+    let route = db::route(&settings.database, pool).expect("the buyers' route");
+    jobs::shards::refresh_logged(&route).await;
     let state = web::Data::new(
-        startup::state(settings, pool, &settings.payrail.base_url)
+        startup::state(settings, route, &settings.payrail.base_url)
             .await
             .expect("the service's state"),
     );

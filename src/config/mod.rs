@@ -109,6 +109,9 @@ pub struct DatabaseSettings {
     /// Every pooled connection plans with generic plans only
     /// (`plan_cache_mode = force_generic_plan`); off for Citus (`db::pool`).
     pub generic_plans: bool,
+    /// On a Citus coordinator, each buyer's statements go to the worker
+    /// that holds the buyer's shard (`db::route`).
+    pub route_to_workers: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -61,6 +61,9 @@ pub async fn create(
     let request: HoldRequest = body::json(&bytes)?;
     let answered = match key {
         Some(key) => {
+            // The hold's unit runs where the holds are (the coordinator, on
+            // a cluster): the buyer's lock per event that bounds its holds
+            // is an advisory lock, which only that node's transactions see.
             let (pool, policy) = (&state.pool, state.holds);
             actix::run(
                 &state.engine,

@@ -43,7 +43,11 @@ pub use auth::Buyer;
 
 /// What every handler may use; built once per instance.
 pub struct AppState {
+    /// The server of `database.url`: the seat side's statements, a keyed
+    /// hold's unit among them.
     pub pool: Pool,
+    /// Each buyer's statements: on a cluster, to the buyer's worker.
+    pub route: idempotency::Route,
     /// `/readyz`'s database check, shared by concurrent callers.
     pub readiness: Readiness,
     pub engine: Engine,

@@ -1,7 +1,7 @@
 //! Background tasks of `serve`: expired-key cleanup, pending-order
 //! reconciliation, the delivery of order events to the shop, the retention
-//! of holds and delivered events, and the sale's figures (expired holds,
-//! seats by event). Each runs on a tokio interval, is safe with several
+//! of holds and delivered events, the sale's figures (expired holds,
+//! seats by event), and on a cluster the buyers' routes to their workers. Each runs on a tokio interval, is safe with several
 //! instances on one database, and stops when told to.
 
 pub mod cleanup;
@@ -9,15 +9,15 @@ pub mod outcomes;
 pub mod reconcile;
 pub mod retention;
 pub mod sale;
+pub mod shards;
 
 use std::future::Future;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::{Limit, Policy};
+use idempotency::{Limit, Policy, Route};
 
 use crate::checkout::orders::Orders;
 use crate::config::Settings;
@@ -34,19 +34,20 @@ pub struct Jobs {
 
 impl Jobs {
     pub fn spawn(
-        pool: Pool,
+        route: Route,
         orders: Orders,
         limit: Limit,
         outcomes: Option<outcomes::Outcomes>,
         settings: &Settings,
     ) -> Self {
         let cancel = CancellationToken::new();
+        let pool = route.home().clone();
         let cleanup = cleanup::Cleanup::new(pool.clone(), settings.idempotency.ttl());
         let retention =
             retention::Retention::new(pool.clone(), &settings.holds, &settings.outcomes);
         let reconcile = reconcile::Reconcile::new(pool.clone(), orders, &settings.reconcile);
         let sale = sale::Sale::new(
-            pool.clone(),
+            route.clone(),
             Policy {
                 ttl: settings.idempotency.ttl(),
                 lease: settings.idempotency.lease(),
@@ -77,6 +78,10 @@ impl Jobs {
             every(sale::TICK, cancel.clone(), move || {
                 let sale = sale.clone();
                 async move { sale.run_logged().await }
+            }),
+            every(shards::EVERY, cancel.clone(), move || {
+                let route = route.clone();
+                async move { shards::refresh_logged(&route).await }
             }),
             // The limit's buckets of buyers not seen lately are full again:
             // forget them, so that its memory holds only recent buyers.

@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Pool;
-use idempotency::{Done, Engine, IdempotencyKey, Policy, Reply, RequestHash, StoredResponse};
+use idempotency::{
+    Done, Engine, IdempotencyKey, Policy, Reply, RequestHash, Route, StoredResponse,
+};
 
 use crate::checkout::holds::{self, HowEnded};
 use crate::checkout::seats;
@@ -74,13 +76,13 @@ pub struct Sale {
 impl Sale {
     /// `policy`: the key table's, so that a window's key lives as long as
     /// a click's (`idempotency.ttl_secs`) and the cleanup deletes it then.
-    pub fn new(pool: Pool, policy: Policy) -> Self {
+    pub fn new(route: Route, policy: Policy) -> Self {
         let start = SystemTime::now()
             .checked_sub(LOOKBACK)
             .unwrap_or(UNIX_EPOCH);
         Self {
-            engine: Engine::new(pool.clone(), policy),
-            pool,
+            pool: route.home().clone(),
+            engine: Engine::new(route, policy),
             next_window: Arc::new(Mutex::new(window_of(start))),
             sold_out: Arc::default(),
             seats_rest_until: Arc::new(Mutex::new(Instant::now())),

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use payrail_sandbox::{Sandbox, Webhook};
@@ -55,6 +55,7 @@ pub fn pool_with(url: &str, generic_plans: bool) -> deadpool_postgres::Pool {
         pool_timeout_ms: 5_000,
         connect_timeout_secs: 0,
         generic_plans,
+        route_to_workers: true,
     })
     .expect("a pool")
 }
@@ -70,6 +71,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     tokens: Tokens,
     handle: actix_web::dev::ServerHandle,
+    /// The instance's run, jobs included, until it has stopped.
+    running: Mutex<Option<tokio::task::JoinHandle<std::io::Result<()>>>>,
 }
 
 /// Settings for tests: the test layer, this test's database and sandbox, a
@@ -144,7 +147,7 @@ impl TestApp {
         let port = app.port();
         let metrics_port = app.metrics_port();
         let handle = app.handle();
-        tokio::spawn(app.run_until_stopped());
+        let running = tokio::spawn(app.run_until_stopped());
         let tokens = Tokens::new(&settings.auth.jwt_secret).expect("tokens");
         Self {
             address: format!("http://127.0.0.1:{port}"),
@@ -159,6 +162,7 @@ impl TestApp {
                 .expect("client"),
             tokens,
             handle,
+            running: Mutex::new(Some(running)),
         }
     }
 
@@ -167,6 +171,14 @@ impl TestApp {
     /// recorder is every in-process instance's).
     pub async fn stop(&self) {
         self.handle.stop(false).await;
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(running) = running {
+            let _ = running.await;
+        }
     }
 
     /// A second instance on the same database and sandbox.

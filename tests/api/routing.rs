@@ -1,4 +1,11 @@
-//! On the Citus profile (`STAGEDOOR_TEST_CITUS=1`): which nodes a click's
+//! Where a buyer's statements go. The service's route
+//! (`database.route_to_workers`) sends them to the worker of the buyer's
+//! shard, found by PostgreSQL's `hashtext`: checked against the server's
+//! hash on both profiles and against Citus's placements on the cluster.
+//!
+//! Through the coordinator (the route's home, and every statement with
+//! `route_to_workers = false`), on the Citus profile
+//! (`STAGEDOOR_TEST_CITUS=1`): which nodes a click's
 //! routed statements reach, read from what the coordinator sends them
 //! (`citus.log_remote_commands`, one notice per command, naming the node).
 //! The claim (the engine's `idempotency_claim`), the key's read without a
@@ -27,8 +34,11 @@ use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
 use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{self, outbox, settle, NewOrder, Orders, Settlement};
+use stagedoor_checkout::db;
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
+use test_support::db::TestDatabase;
 use test_support::paused::Paused;
+use test_support::rng::Rng;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -194,6 +204,91 @@ async fn the_layout_is_read_from_the_key_table() {
         Layout::Single
     };
     assert_eq!(Layout::of(&client).await.expect("the layout"), expected);
+}
+
+/// The route finds a buyer's shard by PostgreSQL's own hash of the
+/// buyer's id: the same value as the server's `hashtext`, for strings of
+/// every length around lookup3's blocks of 12 bytes, in one byte and in
+/// several per character. Runs on both profiles.
+#[tokio::test]
+async fn the_routes_hash_is_the_servers_hashtext() {
+    const CHARS: [&str; 8] = ["a", "Z", "0", "-", "é", "€", "😀", "\u{1}"];
+    let mut rng = Rng::from_seed(43);
+    let mut texts = vec![
+        String::new(),
+        "alice".to_owned(),
+        Uuid::new_v4().to_string(),
+    ];
+    for length in 1..=40 {
+        for _ in 0..12 {
+            let text = (0..length)
+                .map(|_| CHARS[rng.pick(CHARS.len())])
+                .collect::<String>();
+            texts.push(text);
+        }
+    }
+    let db = TestDatabase::create().await;
+    let servers: Vec<i32> = db
+        .client()
+        .await
+        .query(
+            "SELECT hashtext(t) FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n",
+            &[&texts],
+        )
+        .await
+        .expect("the server's hashes")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let ours: Vec<i32> = texts.iter().map(|t| idempotency::hashtext(t)).collect();
+    for ((text, ours), server) in texts.iter().zip(&ours).zip(&servers) {
+        assert_eq!(ours, server, "hashtext({text:?})");
+    }
+    assert_eq!(ours.len(), texts.len());
+}
+
+/// With `database.route_to_workers` (the default), each buyer's
+/// statements go to the worker Citus placed the buyer's shard on, for
+/// every one of 300 buyers; on one PostgreSQL there is no worker and every
+/// statement stays on the one server.
+#[tokio::test]
+async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
+    let app = spawn_app().await;
+    let pool = crate::helpers::pool(&app.db.url);
+    let route = db::route(&app.settings.database, pool.clone()).expect("a route");
+    let workers = route.refresh().await.expect("the shards' places");
+    let client = pool.get().await.expect("a connection");
+    if !test_support::citus::enabled() {
+        assert_eq!(workers, 0);
+        assert_eq!(route.worker("alice"), None);
+        return;
+    }
+    let nodes: i64 = client
+        .query_one("SELECT count(*) FROM pg_dist_node WHERE groupid > 0", &[])
+        .await
+        .expect("the workers")
+        .get(0);
+    assert_eq!(workers as i64, nodes, "one pool per worker");
+    for n in 0..300 {
+        let buyer = format!("buyer-{n}-{}", Uuid::new_v4());
+        let placed: String = client
+            .query_one(
+                "SELECT nodename || ':' || nodeport FROM citus_shards
+                 WHERE table_name = 'idempotency_keys'::regclass
+                   AND shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)",
+                &[&buyer],
+            )
+            .await
+            .expect("the shard's placement")
+            .get(0);
+        assert_eq!(route.worker(&buyer), Some(placed), "{buyer}");
+    }
+    // Without the setting, everything goes through the coordinator.
+    let mut settings = app.settings.database.clone();
+    settings.route_to_workers = false;
+    let home = db::route(&settings, pool).expect("a route");
+    assert_eq!(home.refresh().await.expect("nothing to read"), 0);
+    assert_eq!(home.worker("alice"), None);
 }
 
 const POLICY: Policy = Policy {

@@ -336,10 +336,14 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
         )),
     ];
     let workers = store.workers().await;
+    // The run's database on every node of a cluster, the coordinator first.
+    let nodes: Vec<String> = std::iter::once(store.url())
+        .chain(workers.iter().map(|worker| worker.url.clone()))
+        .collect();
     if !workers.is_empty() {
         controllers.push(tokio::spawn(monkey.clone().crash_workers(
             workers.clone(),
-            store.url(),
+            nodes.clone(),
             CrashSchedule::new(profile.seed, workers.len()),
             chaos_ends,
         )));
@@ -409,7 +413,7 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
         // What the crashes left prepared and the recovery after each did not
         // finish yet (a commit in flight then) is finished now, as Citus's
         // maintenance daemon would within `citus.recover_2pc_interval`.
-        let recovered = monkey.recover(&store.url()).await;
+        let recovered = monkey.recover(&nodes).await;
         monkey.say(&format!(
             "recover_prepared_transactions() at the end: {recovered}"
         ));

@@ -241,7 +241,7 @@ pub struct Monkey {
     /// clicks whose commit the crash cut between its two phases.
     pub in_doubt: AtomicU64,
     /// What Citus's `recover_prepared_transactions()` finished (committed
-    /// or rolled back) after the crashes.
+    /// or rolled back) on every node after the crashes.
     pub recovered: AtomicU64,
     pub fault_changes: AtomicU64,
     /// Things the service should have survived and did not.
@@ -385,12 +385,14 @@ impl Monkey {
 impl Monkey {
     /// The crashes of `schedule` until 5 s before `until`: SIGKILL a
     /// worker's PostgreSQL, start it again after the step's time down,
-    /// count the prepared transactions it came back with, and have the
-    /// coordinator (`coordinator`, the run's database there) finish them.
+    /// count the prepared transactions it came back with, and have every
+    /// node (`nodes`: the run's database on each) finish those it started:
+    /// a click's two-phase commit is coordinated by the node its statement
+    /// reached, the coordinator or a buyer's worker.
     pub async fn crash_workers(
         self: Arc<Self>,
         workers: Vec<Worker>,
-        coordinator: String,
+        nodes: Vec<String>,
         schedule: CrashSchedule,
         until: Instant,
     ) {
@@ -443,33 +445,27 @@ impl Monkey {
                 }
             };
             self.in_doubt.fetch_add(in_doubt, Ordering::Relaxed);
-            let recovered = self.recover(&coordinator).await;
+            let recovered = self.recover(&nodes).await;
             self.say(&format!(
                 "worker on port {port} back after {:.1?} with {in_doubt} prepared \
-                 transactions; the coordinator recovered {recovered}",
+                 transactions; the nodes recovered {recovered}",
                 started.elapsed()
             ));
         }
     }
 
-    /// Citus's `recover_prepared_transactions()` on the coordinator: the
-    /// prepared transactions of the workers that it finished.
-    pub async fn recover(&self, coordinator: &str) -> u64 {
-        match number(
-            coordinator,
-            "SELECT recover_prepared_transactions()::bigint",
-        )
-        .await
-        {
-            Ok(n) => {
-                self.recovered.fetch_add(n, Ordering::Relaxed);
-                n
-            }
-            Err(error) => {
-                self.problem(format!("recover_prepared_transactions(): {error}"));
-                0
+    /// Citus's `recover_prepared_transactions()` on each of `nodes`: the
+    /// prepared transactions of the others that each finished, in all.
+    pub async fn recover(&self, nodes: &[String]) -> u64 {
+        let mut recovered = 0;
+        for node in nodes {
+            match number(node, "SELECT recover_prepared_transactions()::bigint").await {
+                Ok(n) => recovered += n,
+                Err(error) => self.problem(format!("recover_prepared_transactions(): {error}")),
             }
         }
+        self.recovered.fetch_add(recovered, Ordering::Relaxed);
+        recovered
     }
 }
 

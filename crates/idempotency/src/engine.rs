@@ -9,13 +9,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::time::Instant;
 
 use crate::cache::{Asked, Cached};
 use crate::claim::{Claim, Done, Fence, Policy};
 use crate::claiming::{Claiming, Join};
 use crate::reply::{Outcome, Ran, Reply, RunError};
+use crate::route::Route;
 use crate::store::{self, Begin};
 use crate::unit;
 use crate::wait::{WaitOutcome, Waiters, FIRST_POLL, POLL_CAP};
@@ -28,12 +28,13 @@ use crate::limit::Limit;
 use crate::response::StoredResponse;
 use crate::statement::Opening;
 
-/// The engine: a pool on the database that holds `idempotency_keys`
-/// ([`migrate`](crate::migrate) makes it), the key policy, the optional
+/// The engine: the pools on the database that holds `idempotency_keys`
+/// ([`migrate`](crate::migrate) makes it; a [`Route`] to each buyer's
+/// server, or one pool), the key policy, the optional
 /// Redis gate, and a hook that sees every [`Outcome`].
 #[derive(Clone)]
 pub struct Engine {
-    pub(crate) pool: Pool,
+    pub(crate) route: Route,
     pub(crate) policy: Policy,
     pub(crate) gate: Gate,
     limit: Option<Limit>,
@@ -45,9 +46,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(pool: Pool, policy: Policy) -> Self {
+    pub fn new(route: impl Into<Route>, policy: Policy) -> Self {
         Self {
-            pool,
+            route: route.into(),
             policy,
             gate: Gate::Table,
             limit: None,
@@ -137,7 +138,7 @@ impl Engine {
                     }
                     waited = true;
                     self.waiters
-                        .wait(&self.pool, self.policy, user_id, key, deadline, first_poll)
+                        .wait(&self.route, self.policy, user_id, key, deadline, first_poll)
                         .await;
                     continue;
                 }
@@ -254,7 +255,7 @@ impl Engine {
         token: i64,
         opening: Option<&Opening>,
     ) -> Result<(Begin, Duration), Error> {
-        let client = self.pool.get().await?;
+        let client = self.route.pool(user_id).get().await?;
         if admitted {
             let asked = store::Ask {
                 user_id,
@@ -295,7 +296,7 @@ impl Engine {
     /// the 409 is right without it.
     async fn linked_effect(&self, user_id: &str, key: &IdempotencyKey) -> Option<String> {
         let read = async {
-            let client = self.pool.get().await?;
+            let client = self.route.pool(user_id).get().await?;
             store::linked_effect(&client, user_id, key).await
         };
         read.await.unwrap_or_else(|error: Error| {
@@ -350,7 +351,7 @@ impl Engine {
         hash: &RequestHash,
         response: StoredResponse,
     ) -> Result<Reply, RunError<E>> {
-        let client = self.pool.get().await.map_err(Error::from)?;
+        let client = self.route.pool(&claim.user_id).get().await.map_err(Error::from)?;
         match unit::store_answer(&client, claim, &response).await? {
             Fence::Held => Ok(Reply::First(response)),
             Fence::Lost => {
@@ -362,7 +363,7 @@ impl Engine {
 
     /// For a request fenced off by a takeover: whatever the key says now.
     async fn current<E>(&self, claim: &Claim, hash: &RequestHash) -> Result<Reply, RunError<E>> {
-        let client = self.pool.get().await.map_err(Error::from)?;
+        let client = self.route.pool(&claim.user_id).get().await.map_err(Error::from)?;
         let (now, _) = store::look(&client, self.policy, &claim.user_id, &claim.key, hash).await?;
         Ok(Reply::from(now))
     }
@@ -370,7 +371,7 @@ impl Engine {
     /// Gives the key back if nothing durable was made, so that a retry starts
     /// afresh; a key with a linked effect stays in progress.
     async fn release(&self, claim: &Claim) {
-        let released = match self.pool.get().await {
+        let released = match self.route.pool(&claim.user_id).get().await {
             Ok(client) => store::release(&client, claim).await,
             Err(error) => Err(error.into()),
         };

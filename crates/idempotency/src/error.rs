@@ -13,6 +13,8 @@ pub enum Error {
     Migrate(#[from] refinery::Error),
     #[error("connecting to Redis")]
     Redis(#[from] redis::RedisError),
+    #[error("opening a pool on a worker")]
+    Build(#[from] deadpool_postgres::BuildError),
 }
 
 impl Error {
@@ -22,7 +24,7 @@ impl Error {
         match self {
             Error::Pool(_) => true,
             Error::Postgres(e) => is_unavailable(e),
-            Error::Migrate(_) | Error::Redis(_) => false,
+            Error::Migrate(_) | Error::Redis(_) | Error::Build(_) => false,
         }
     }
 }

@@ -175,6 +175,7 @@ engine! {
     pub mod listen; // a connection of its own that listens on a channel
     mod migrate; // the key table's own migrations
     mod reply; // what a request is answered, and what its key decided
+    mod route; // which server a buyer's rows are on
     mod response; // what is stored and replayed
     mod statement; // the calls of a step of one call
     mod store; // the key table's claim, its reader and its takeovers
@@ -193,6 +194,7 @@ engine! {
     pub use migrate::{migrate, replace_functions, HISTORY_TABLE};
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
+    pub use route::{hashtext, OpenPool, Route};
     pub use statement::{Opening, Storing};
     pub use unit::{store_for_effect, Committed, Unit};
     pub use wait::WaitOutcome;

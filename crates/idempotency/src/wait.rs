@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use crate::route::Route;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -64,7 +64,7 @@ impl Waiters {
     /// or until `deadline`; a poller this starts reads first after `first_poll`.
     pub(crate) async fn wait(
         &self,
-        pool: &Pool,
+        route: &Route,
         policy: Policy,
         user_id: &str,
         key: &IdempotencyKey,
@@ -81,7 +81,7 @@ impl Waiters {
                     keys.insert(id.clone(), sender.clone());
                     let poll = self
                         .clone()
-                        .poll(pool.clone(), policy, id, sender, first_poll);
+                        .poll(route.pool(user_id), policy, id, sender, first_poll);
                     tokio::spawn(poll);
                     receiver
                 }
@@ -102,7 +102,7 @@ impl Waiters {
     /// settled (and wakes the waiters) or when nobody waits any more.
     async fn poll(
         self,
-        pool: Pool,
+        pool: deadpool_postgres::Pool,
         policy: Policy,
         id: (String, String),
         sender: watch::Sender<()>,
@@ -129,7 +129,7 @@ impl Waiters {
 /// Whether the key's row has an answer, a lapsed lease, an expired TTL or
 /// is gone: anything a waiter should ask the key again about. An error
 /// (the database out of reach) is "not yet".
-async fn settled(pool: &Pool, policy: Policy, (user_id, key): &KeyId) -> bool {
+async fn settled(pool: &deadpool_postgres::Pool, policy: Policy, (user_id, key): &KeyId) -> bool {
     let Ok(client) = pool.get().await else {
         return false;
     };

@@ -112,7 +112,7 @@ async fn make(
             // known to be down. The key is then released and a retry
             // starts afresh.
             click.ready.clone()?;
-            let client = orders.pool.get().await?;
+            let client = orders.pool(&claim.user_id).get().await?;
             match claim.open(&client, &click.opening).await? {
                 (Fence::Held, row) => row,
                 (Fence::Lost, _) => return Ok(None),
@@ -144,7 +144,7 @@ async fn resume(orders: &Orders, user_id: &str, effect: &str) -> Result<Order, C
     let order_id = Uuid::parse_str(effect).map_err(|_| {
         CheckoutError::Inconsistent(format!("a claimed key links {effect:?}, not an order"))
     })?;
-    let client = orders.pool.get().await?;
+    let client = orders.pool(user_id).get().await?;
     load(&client, user_id, order_id).await?.ok_or_else(|| {
         CheckoutError::Inconsistent(format!("order {order_id} of a claimed key is missing"))
     })
@@ -178,7 +178,7 @@ async fn settle(
     order.charge_id = charge_id.cloned();
     order.decline_code = decline_code;
     let answered = answer(&order);
-    let client = orders.pool.get().await?;
+    let client = orders.pool(&claim.user_id).get().await?;
     let (fence, row) = claim
         .store_with(
             &client,

@@ -88,7 +88,7 @@ pub async fn apply(orders: &Orders, event: &Event) -> Result<EventResult, Checko
 /// orders are split by buyer, so that a lookup by the order's id alone
 /// asks every shard: it is the fallback.
 async fn order_of(orders: &Orders, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
-    let client = orders.pool.get().await?;
+    let client = orders.route.home().get().await?;
     let held_by = client
         .prepare_cached("SELECT user_id FROM holds WHERE order_id = $1 LIMIT 1")
         .await?;

@@ -43,7 +43,7 @@ async fn mark_canceling(
     user_id: &str,
     order_id: Uuid,
 ) -> Result<bool, CheckoutError> {
-    let client = orders.pool.get().await?;
+    let client = orders.pool(user_id).get().await?;
     // The time comes from here, not `now()`: a distributed database
     // (Citus) refuses a STABLE function beside a column reference in an
     // UPDATE. The mark's time is only ever read as "is it set".

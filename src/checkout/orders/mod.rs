@@ -22,6 +22,7 @@ mod status;
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool};
+use idempotency::Route;
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::Row;
@@ -149,21 +150,30 @@ impl Order {
     }
 }
 
-/// The orders of one instance: its pool and its Payrail client.
+/// The orders of one instance: the route to each buyer's rows (the
+/// orders are the buyer's, beside the buyer's keys) and its Payrail client.
 #[derive(Clone)]
 pub struct Orders {
-    pool: Pool,
+    route: Route,
     payrail: Arc<payrail::Client>,
 }
 
 impl Orders {
-    pub fn new(pool: Pool, payrail: Arc<payrail::Client>) -> Self {
-        Self { pool, payrail }
+    pub fn new(route: impl Into<Route>, payrail: Arc<payrail::Client>) -> Self {
+        Self {
+            route: route.into(),
+            payrail,
+        }
+    }
+
+    /// The pool for `buyer`'s rows.
+    fn pool(&self, buyer: &str) -> Pool {
+        self.route.pool(buyer)
     }
 
     /// A buyer's own order; another buyer's is as good as absent.
     pub async fn find(&self, buyer: &str, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
-        let client = self.pool.get().await?;
+        let client = self.pool(buyer).get().await?;
         Ok(load(&client, buyer, order_id).await?)
     }
 
@@ -174,7 +184,7 @@ impl Orders {
         after: Option<Position>,
         limit: u8,
     ) -> Result<Page, CheckoutError> {
-        let client = self.pool.get().await?;
+        let client = self.pool(buyer).get().await?;
         Ok(list(&client, buyer, after, limit).await?)
     }
 }

@@ -71,7 +71,7 @@ async fn unclaimed_as(
     charge_id: Option<&String>,
     decline_code: Option<&str>,
 ) -> Result<Settlement, CheckoutError> {
-    let mut client = orders.pool.get().await?;
+    let mut client = orders.pool(user_id).get().await?;
     let tx = client.transaction().await?;
     let settled = settle(&tx, user_id, order_id, status, charge_id, decline_code).await?;
     let (order, applied) = match settled {
@@ -117,7 +117,7 @@ pub async fn charge_again(
     order_id: Uuid,
 ) -> Result<Option<(Order, ChargeOutcome)>, CheckoutError> {
     let order = {
-        let client = orders.pool.get().await?;
+        let client = orders.pool(user_id).get().await?;
         load(&client, user_id, order_id).await?
     };
     let Some(order) = order.filter(|o| o.status == OrderStatus::PaymentPending) else {

@@ -1,0 +1,241 @@
+//! Which server a buyer's key rows are on, so that each of the buyer's
+//! statements goes there first. On one PostgreSQL that is the one server.
+//! On a Citus cluster it is the worker that holds the buyer's shard of
+//! `idempotency_keys`, and of every table co-located with it: a statement
+//! sent there runs on the shard locally, and a transaction that also
+//! writes another node commits with a two-phase commit that this worker
+//! coordinates (and its maintenance daemon recovers), with no planning on
+//! the coordinator.
+//!
+//! The shard is found as Citus finds it, with no lookup per statement: the
+//! hash of the buyer's id ([`hashtext`]) falls in one shard's range, read
+//! with the shards' placements from the catalog ([`Route::refresh`]). A
+//! route that is behind a shard's move still works, since any node runs any
+//! statement: it costs one more hop until the next refresh.
+
+use std::sync::{Arc, PoisonError, RwLock};
+
+use deadpool_postgres::{BuildError, Pool};
+use tokio_postgres::error::SqlState;
+
+use crate::error::Error;
+
+/// Opens a pool on a worker, given its address as the catalog names it.
+pub type OpenPool = dyn Fn(&str, u16) -> Result<Pool, BuildError> + Send + Sync;
+
+/// The pool each buyer's statements take: `home` (the server of the
+/// configured URL, on a cluster its coordinator) or a worker's.
+#[derive(Clone)]
+pub struct Route {
+    home: Pool,
+    open: Option<Arc<OpenPool>>,
+    shards: Arc<RwLock<Arc<Shards>>>,
+}
+
+/// The shards' ranges of hashes, ascending, each with the node that holds
+/// it; none on one PostgreSQL. Shard `i` holds the hashes from `starts[i]`
+/// to the next start.
+#[derive(Default)]
+struct Shards {
+    starts: Vec<i32>,
+    nodes: Vec<usize>,
+    /// Each worker's address (`host:port`) and pool; `None` for the home
+    /// server (a shard that the coordinator itself holds).
+    pools: Vec<Option<(String, Pool)>>,
+}
+
+impl From<Pool> for Route {
+    /// Every statement on `home`.
+    fn from(home: Pool) -> Self {
+        Self {
+            home,
+            open: None,
+            shards: Arc::default(),
+        }
+    }
+}
+
+impl Route {
+    /// Statements on `home` until [`refresh`](Self::refresh) finds a
+    /// cluster's shards there; `open` makes a pool on each worker it finds.
+    pub fn to_workers(home: Pool, open: Arc<OpenPool>) -> Self {
+        Self {
+            open: Some(open),
+            ..Self::from(home)
+        }
+    }
+
+    /// The server of the configured URL: what spans the buyers, and every
+    /// statement when there are no workers to go to.
+    pub fn home(&self) -> &Pool {
+        &self.home
+    }
+
+    /// The pool for a statement on `user_id`'s rows.
+    pub fn pool(&self, user_id: &str) -> Pool {
+        let shards = self.current();
+        match shards.node(user_id) {
+            Some((_, pool)) => pool.clone(),
+            None => self.home.clone(),
+        }
+    }
+
+    /// The worker `user_id`'s statements go to, as `host:port`; `None`: the
+    /// home server.
+    pub fn worker(&self, user_id: &str) -> Option<String> {
+        self.current()
+            .node(user_id)
+            .map(|(address, _)| address.clone())
+    }
+
+    fn current(&self) -> Arc<Shards> {
+        Arc::clone(&self.shards.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reads the shards of `idempotency_keys` and their nodes from the home
+    /// server's catalog, opening a pool on each worker not seen before (a
+    /// worker's pool is kept across refreshes). Nothing changes without
+    /// `open` or where the table is not distributed. Returns how many
+    /// workers the buyers' statements now go to.
+    pub async fn refresh(&self) -> Result<usize, Error> {
+        let Some(open) = &self.open else {
+            return Ok(0);
+        };
+        let client = self.home.get().await?;
+        let placed = client
+            .query(
+                "SELECT s.shardminvalue::int, p.groupid = 0, n.nodename, n.nodeport
+                   FROM pg_dist_shard s
+                   JOIN pg_dist_placement p USING (shardid)
+                   JOIN pg_dist_node n ON n.groupid = p.groupid
+                  WHERE s.logicalrelid = 'idempotency_keys'::regclass
+                    AND n.noderole = 'primary' AND n.isactive
+                  ORDER BY 1",
+                &[],
+            )
+            .await;
+        drop(client);
+        let placed = match placed {
+            Ok(rows) => rows,
+            // No Citus catalog, or no key table yet: one server.
+            Err(error) if error.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(0),
+            Err(error) => return Err(error.into()),
+        };
+        let known = self.current();
+        let mut shards = Shards::default();
+        for row in placed {
+            let start: i32 = row.get(0);
+            // A shard placed twice (a replica) goes to its first placement.
+            if shards.starts.last() == Some(&start) {
+                continue;
+            }
+            // A port that is not one (the catalog's is an integer) leaves
+            // the shard to the home server, which reaches every node.
+            let worker = match (row.get::<_, bool>(1), u16::try_from(row.get::<_, i32>(3))) {
+                (false, Ok(port)) => Some((row.get::<_, String>(2), port)),
+                _ => None,
+            };
+            let node = shards.node_of(worker, &known, open.as_ref())?;
+            shards.starts.push(start);
+            shards.nodes.push(node);
+        }
+        let workers = shards.pools.iter().flatten().count();
+        *self.shards.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shards);
+        Ok(workers)
+    }
+}
+
+impl Shards {
+    /// The worker of `user_id`'s shard; `None` for the home server.
+    fn node(&self, user_id: &str) -> Option<&(String, Pool)> {
+        let hash = hashtext(user_id);
+        let shard = self
+            .starts
+            .partition_point(|&start| start <= hash)
+            .checked_sub(1)?;
+        self.pools[self.nodes[shard]].as_ref()
+    }
+
+    /// The index of `worker`'s pool (`None`: the home server), added when
+    /// new: the pool `known` has on its address, else one `open` makes.
+    fn node_of(
+        &mut self,
+        worker: Option<(String, u16)>,
+        known: &Shards,
+        open: &OpenPool,
+    ) -> Result<usize, Error> {
+        let address = worker.as_ref().map(|(host, port)| format!("{host}:{port}"));
+        let same = |pool: &Option<(String, Pool)>| pool.as_ref().map(|(a, _)| a) == address.as_ref();
+        if let Some(index) = self.pools.iter().position(same) {
+            return Ok(index);
+        }
+        let pool = match worker {
+            Some((host, port)) => {
+                let pool = match known.pools.iter().find(|p| same(p)) {
+                    Some(Some((_, pool))) => pool.clone(),
+                    _ => open(&host, port)?,
+                };
+                Some((format!("{host}:{port}"), pool))
+            }
+            None => None,
+        };
+        self.pools.push(pool);
+        Ok(self.pools.len() - 1)
+    }
+}
+
+/// PostgreSQL's `hashtext` of a string (in a deterministic collation, as
+/// every key column is): its bytes through Bob Jenkins's lookup3 hash as
+/// PostgreSQL's `hash_bytes` computes it, read as a signed integer. Citus
+/// places a row of a table distributed by a text column by this hash.
+pub fn hashtext(text: &str) -> i32 {
+    let bytes = text.as_bytes();
+    // PostgreSQL hashes at most 2^31 bytes (a text datum is under 1 GiB):
+    // the length is taken modulo 2^32 as its C code does.
+    let seed = 0x9e37_79b9_u32
+        .wrapping_add(bytes.len() as u32)
+        .wrapping_add(3_923_095);
+    let (mut a, mut b, mut c) = (seed, seed, seed);
+    let mut blocks = bytes.chunks_exact(12);
+    for block in &mut blocks {
+        a = a.wrapping_add(word(&block[0..4]));
+        b = b.wrapping_add(word(&block[4..8]));
+        c = c.wrapping_add(word(&block[8..12]));
+        mix(&mut a, &mut b, &mut c);
+    }
+    let mut tail = [0u8; 12];
+    let rest = blocks.remainder();
+    tail[..rest.len()].copy_from_slice(rest);
+    a = a.wrapping_add(word(&tail[0..4]));
+    b = b.wrapping_add(word(&tail[4..8]));
+    // The lowest byte of `c` is the length's: the last bytes go above it.
+    c = c.wrapping_add(word(&tail[8..12]) << 8);
+    finish(&mut a, &mut b, &mut c);
+    c as i32
+}
+
+/// Four bytes as a little-endian word, as the hash reads them on any machine.
+fn word(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// lookup3's `mix`, one row per line of it: `x -= y; x ^= y <<< k; y += z`.
+fn mix(a: &mut u32, b: &mut u32, c: &mut u32) {
+    for (x, y, z, k) in [(0, 2, 1, 4), (1, 0, 2, 6), (2, 1, 0, 8), (0, 2, 1, 16), (1, 0, 2, 19), (2, 1, 0, 4)] {
+        let mut v = [*a, *b, *c];
+        v[x] = v[x].wrapping_sub(v[y]);
+        v[x] ^= v[y].rotate_left(k);
+        v[y] = v[y].wrapping_add(v[z]);
+        [*a, *b, *c] = v;
+    }
+}
+
+/// lookup3's `final`, one row per line of it: `x ^= y; x -= y <<< k`.
+fn finish(a: &mut u32, b: &mut u32, c: &mut u32) {
+    for (x, y, k) in [(2, 1, 14), (0, 2, 11), (1, 0, 25), (2, 1, 16), (0, 2, 4), (1, 0, 14), (2, 1, 24)] {
+        let mut v = [*a, *b, *c];
+        v[x] ^= v[y];
+        v[x] = v[x].wrapping_sub(v[y].rotate_left(k));
+        [*a, *b, *c] = v;
+    }
+}
