@@ -97,8 +97,13 @@ impl Connect for Listening {
 
 impl Watched {
     async fn open(app: &TestApp) -> Self {
+        Self::open_at(&app.db.url).await
+    }
+
+    /// Watches what the node of `url` (the app's database on it) sends.
+    async fn open_at(url: &str) -> Self {
         let (sender, commands) = mpsc::unbounded_channel();
-        let mut config: tokio_postgres::Config = app.db.url.parse().expect("the database URL");
+        let mut config: tokio_postgres::Config = url.parse().expect("the database URL");
         config.options("-c citus.log_remote_commands=on");
         let manager = Manager::from_connect(config, Listening { sender }, ManagerConfig::default());
         let pool = Pool::builder(manager).max_size(2).build().expect("a pool");
@@ -499,6 +504,67 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
 }
 
 /// A claim of a new key of alice's, by a request that then stopped.
+/// As the service's route sends a click: to the worker of the buyer's
+/// shard. There the claim and an order's read send no command to any other
+/// node, and the order and its settlement send the coordinator their holds'
+/// statements alone, each step committed with one two-phase commit that the
+/// worker coordinates, with no other worker in it.
+#[tokio::test]
+async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
+    let Some((app, _, worker)) = watching_alice().await else {
+        return;
+    };
+    let config: tokio_postgres::Config = app.db.url.parse().expect("the database URL");
+    let coordinator = match (config.get_hosts(), config.get_ports()) {
+        ([tokio_postgres::config::Host::Tcp(host)], [port]) => format!("{host}:{port}"),
+        other => panic!("the coordinator's address: {other:?}"),
+    };
+    let (host, port) = worker.rsplit_once(':').expect("host:port");
+    let port = port.parse().expect("a port");
+    let mut db = Watched::open_at(&test_support::citus::on_node(&app.db.url, host, port)).await;
+    let seats = app.seed("from-worker", 1, 4_500).await;
+    let hold_id = app.hold("alice", seats[0]).await;
+
+    let paying = claim(&db.pool).await;
+    assert_eq!(db.sent(), [], "the claim, on the buyer's worker alone");
+    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
+        .expect("a Payrail client");
+    let orders = Orders::new(db.pool.clone(), Arc::new(payrail));
+    let order = Click::new(
+        &orders,
+        NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"),
+    );
+    let done = click::place(&orders, &paying, &order)
+        .await
+        .expect("the order");
+    let idempotency::Done::Stored(answer) = done else {
+        panic!("a paid order is stored: {done:?}");
+    };
+    assert_eq!(answer.status, 201);
+    assert_on_one_worker(
+        "the order and its settlement, from the buyer's worker",
+        &db.sent(),
+        &coordinator,
+        &["public.holds_"],
+        2,
+    );
+    assert_eq!(app.charges().await.len(), 1);
+
+    let order_id: Uuid = answer
+        .location
+        .as_deref()
+        .and_then(|l| l.strip_prefix("/orders/"))
+        .and_then(|id| id.parse().ok())
+        .expect("the order's location");
+    let found = orders.find("alice", order_id).await.expect("the order");
+    assert!(found.is_some(), "the order is found");
+    assert_eq!(
+        db.sent(),
+        [],
+        "an order's read, on the buyer's worker alone"
+    );
+}
+
 async fn claim(pool: &Pool) -> idempotency::Claim {
     let key = IdempotencyKey::parse(new_key().as_bytes()).expect("a key");
     let hash = RequestHash::of("POST", "/x", b"{}");

@@ -51,7 +51,7 @@ pub async fn workers(admin: &Client) -> Vec<(String, u16)> {
 }
 
 /// `url` with another host and port (a worker's), same user and database.
-fn on_node(url: &str, host: &str, port: u16) -> String {
+pub fn on_node(url: &str, host: &str, port: u16) -> String {
     let config: Config = url.parse().expect("a PostgreSQL URL");
     let user = config.get_user().unwrap_or("postgres");
     let dbname = config.get_dbname().unwrap_or("postgres");
