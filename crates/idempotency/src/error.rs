@@ -67,6 +67,10 @@ fn is_lost_node(message: &str) -> bool {
         "terminating connection due to",
         "could not receive data from",
         "could not send data to",
+        // A worker that runs a buyer's step itself, its postmaster killed
+        // while the step waited on another node: the backend aborts the
+        // step and exits.
+        "postmaster was shut down, exiting",
     ]
     .iter()
     .any(|lost| message.contains(lost))
@@ -92,6 +96,7 @@ mod tests {
             "SSL SYSCALL error: EOF detected",
             "failed to COPY to shard 0 on 127.0.0.1:9702",
             "terminating connection due to unexpected postmaster exit",
+            "postmaster was shut down, exiting",
         ] {
             assert!(is_lost_node(message), "{message}");
         }
