@@ -254,8 +254,9 @@ async fn the_routes_hash_is_the_servers_hashtext() {
 
 /// With `database.route_to_workers` (the default), each buyer's
 /// statements go to the worker Citus placed the buyer's shard on, for
-/// every one of 300 buyers; on one PostgreSQL there is no worker and every
-/// statement stays on the one server.
+/// every one of 300 buyers, until a function is missing on the workers;
+/// on one PostgreSQL there is no worker and every statement stays on the
+/// one server.
 #[tokio::test]
 async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
     let app = spawn_app().await;
@@ -288,6 +289,19 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
             .get(0);
         assert_eq!(route.worker(&buyer), Some(placed), "{buyer}");
     }
+    // A function the workers lack (made where Citus does not copy it)
+    // sends every statement through the coordinator, which has it.
+    client
+        .batch_execute(
+            "SET citus.enable_ddl_propagation = off;
+             CREATE FUNCTION routing_test_here_alone() RETURNS int LANGUAGE sql AS 'SELECT 1';
+             RESET citus.enable_ddl_propagation;",
+        )
+        .await
+        .expect("a function on the coordinator alone");
+    drop(client);
+    assert_eq!(route.refresh().await.expect("the shards' places"), 0);
+    assert_eq!(route.worker("alice"), None);
     // Without the setting, everything goes through the coordinator.
     let mut settings = app.settings.database.clone();
     settings.route_to_workers = false;

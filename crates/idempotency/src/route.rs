@@ -95,14 +95,31 @@ impl Route {
     /// Reads the shards of `idempotency_keys` and their nodes from the home
     /// server's catalog, opening a pool on each worker not seen before (a
     /// worker's pool is kept across refreshes). Nothing changes without
-    /// `open` or where the table is not distributed. Returns how many
-    /// workers the buyers' statements now go to.
+    /// `open` or where the table is not distributed. Every statement goes
+    /// to the home server while a function of the `public` schema is not
+    /// on the workers (Citus has not been handed it): called there, it
+    /// would be missing. Returns how many workers the buyers' statements
+    /// now go to.
     pub async fn refresh(&self) -> Result<usize, Error> {
         let Some(open) = &self.open else {
             return Ok(0);
         };
         let client = self.home.get().await?;
-        let placed = client
+        let missing = client
+            .query_one(
+                "SELECT count(*) FROM pg_proc p
+                  WHERE p.pronamespace = 'public'::regnamespace
+                    AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                                     WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                                       AND d.deptype = 'e')
+                    AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                                     WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)",
+                &[],
+            )
+            .await
+            .map(|row| row.get::<_, i64>(0));
+        let placed = match missing {
+            Ok(0) => client
             .query(
                 "SELECT s.shardminvalue::int, p.groupid = 0, n.nodename, n.nodeport
                    FROM pg_dist_shard s
@@ -113,10 +130,22 @@ impl Route {
                   ORDER BY 1",
                 &[],
             )
-            .await;
+            .await
+            .map(Some),
+            Ok(missing) => {
+                tracing::warn!(
+                    missing,
+                    "functions are not on the workers (scripts/citus-distribute.sql hands them \
+                     to Citus): every statement goes through the coordinator until they are"
+                );
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        };
         drop(client);
         let placed = match placed {
-            Ok(rows) => rows,
+            Ok(Some(rows)) => rows,
+            Ok(None) => Vec::new(),
             // No Citus catalog, or no key table yet: one server.
             Err(error) if error.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(0),
             Err(error) => return Err(error.into()),
