@@ -95,13 +95,17 @@ fn threads(dir: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The postmaster's run time and its children's (PostgreSQL's processes
-/// are single-threaded; a backend that exits takes its time with it).
+/// The postmaster's run time and its children's, the live ones' and the
+/// exited ones' (PostgreSQL's processes are single-threaded). A backend
+/// that exits takes its run time out of the live ones' sum and adds it to
+/// the time of the postmaster's reaped children, so the whole never goes
+/// back: a connection closed during a measure no longer hides what the
+/// others spent.
 fn postgres(postmaster: u32) -> u64 {
     let Ok(entries) = fs::read_dir("/proc") else {
         return 0;
     };
-    entries
+    let live: u64 = entries
         .flatten()
         .filter_map(|entry| {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
@@ -109,14 +113,37 @@ fn postgres(postmaster: u32) -> u64 {
             ours.then(|| run_time(&entry.path().join("schedstat")))
                 .flatten()
         })
-        .sum()
+        .sum();
+    live + reaped(postmaster).unwrap_or(0)
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times: Linux's `USER_HZ`,
+/// fixed at 100 for every architecture's user space.
+const TICKS_PER_SEC: u64 = 100;
+
+/// The run time of `pid`'s exited children that it waited for
+/// (`/proc/<pid>/stat`'s `cutime` and `cstime`), in nanoseconds, to the
+/// nearest tick.
+fn reaped(pid: u32) -> Option<u64> {
+    let fields = stat_fields(pid)?;
+    // After the name: state (field 3) first, so `cutime` (16) is the 14th.
+    let ticks: u64 = [13, 14]
+        .iter()
+        .map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    Some(ticks * (1_000_000_000 / TICKS_PER_SEC))
 }
 
 fn parent(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// The fields of `/proc/<pid>/stat` after the process's name.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name, in parentheses, may hold spaces; the fields after it don't.
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
 /// The first field of `schedstat`: nanoseconds spent running.

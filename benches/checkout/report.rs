@@ -63,6 +63,8 @@ const CLUSTER_TARGETS: &[(&str, Rule)] = &[
     ("cleanup_order_p99_ratio", Rule::Max(2.0)),
     ("citus_first_coordinator_cpu_ms", Rule::Max(1.0)),
     ("citus_replay_coordinator_cpu_ms", Rule::Max(0.3)),
+    ("citus_replay_uncached_coordinator_cpu_ms", Rule::Max(0.1)),
+    ("citus_get_coordinator_cpu_ms", Rule::Max(0.1)),
 ];
 
 /// Every figure, in the order the table shows them.

@@ -23,6 +23,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use stagedoor_checkout::checkout::orders::Orders;
 use stagedoor_checkout::checkout::seats;
+use stagedoor_checkout::config::LockMode;
 use stagedoor_checkout::jobs::cleanup::Cleanup;
 use stagedoor_checkout::jobs::reconcile::Reconcile;
 use stagedoor_checkout::payrail;
@@ -286,10 +287,8 @@ const MAP_SEATS: u32 = 200;
 /// [`COST_CLICKS`] new events of [`MAP_SEATS`] seats, half of them held by
 /// a buyer who does not view them: the first view of each reads its map
 /// from the database (a view within `seat_maps::MAX_AGE` of another is
-/// served from memory and reaches no node). With them, the seeding
-/// connection, to be kept until the measuring ends: a backend that exits
-/// in a window takes the CPU it spent before out of the node's sum.
-async fn seat_map_events(bench: &Bench) -> (Vec<String>, deadpool_postgres::Pool) {
+/// served from memory and reaches no node).
+async fn seat_map_events(bench: &Bench) -> Vec<String> {
     let run = Uuid::new_v4().simple().to_string();
     let events: Vec<String> = (0..COST_CLICKS).map(|i| format!("map-{run}-{i}")).collect();
     let pool = test_support::db::pool(&bench.pg.bench_url(), 1);
@@ -308,8 +307,7 @@ async fn seat_map_events(bench: &Bench) -> (Vec<String>, deadpool_postgres::Pool
         )
         .await
         .expect("the map holds");
-    drop(client);
-    (events, pool)
+    events
 }
 
 /// One GET of each `(authorization, path)`, each answered 200.
@@ -417,7 +415,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
         .collect();
     let http = bench.http.clone();
     let url = app.url.clone();
-    let post = |(auth, key, body): &(HeaderValue, String, String)| {
+    let post_to = |url: &str, (auth, key, body): &(HeaderValue, String, String)| {
         let request = http
             .post(format!("{url}/orders"))
             .header(AUTHORIZATION, auth.clone())
@@ -435,6 +433,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
                 .expect("a Location")
         }
     };
+    let post = |click| post_to(&url, click);
     let locations = std::sync::Mutex::new(Vec::new());
     let first = cost(
         &coordinator,
@@ -464,8 +463,29 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     .await;
     let locations = locations.into_inner().expect("locations");
     let get = cost(&coordinator, &workers, gets(&http, &url, &locations)).await;
+    // The same replays asked of an instance without the answer cache, its
+    // connections opened beforehand (an order's read each): the claim that
+    // finds the stored answer.
+    let mut uncached = bench.settings(LockMode::Table);
+    uncached.idempotency.answer_cache_mb = 0;
+    let uncached = RunningApp::start(uncached).await;
+    for warm in gets(&http, &uncached.url, &locations) {
+        warm.await;
+    }
+    let replay_uncached = cost(
+        &coordinator,
+        &workers,
+        clicks
+            .iter()
+            .map(|click| async {
+                post_to(&uncached.url, click).await;
+            })
+            .collect(),
+    )
+    .await;
+    uncached.stop().await;
     let auth = &bench.buyers.auth[0];
-    let (events, _seeder) = seat_map_events(bench).await;
+    let events = seat_map_events(bench).await;
     let maps: Vec<(HeaderValue, String)> = events
         .iter()
         .map(|event| (auth.clone(), format!("/events/{event}/seats")))
@@ -478,6 +498,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     for (name, what, cost) in [
         ("first", "a first click (201)", &first),
         ("replay", "its replay", &replay),
+        ("replay_uncached", "its replay, no cache", &replay_uncached),
         ("get", "GET /orders/{id}", &get),
         ("map", "a seat map's read", &map),
     ] {
