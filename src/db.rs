@@ -1,9 +1,10 @@
 //! The PostgreSQL pool (and on a Citus cluster one per worker, each buyer's
 //! statements routed to its shard's), database creation for local runs,
 //! and the embedded migrations. Everything else asks this module for a
-//! `Pool` or a `Route` and never opens connections of its own. At start, [`Patience`] waits for a database that
-//! is not up yet (`database.connect_timeout_secs`). Every connection is
-//! secured as `database.url`'s `sslmode` says ([`tls`]).
+//! `Pool` or a `Route` and never opens connections of its own. At start,
+//! [`Patience`] waits for a database that is not up yet
+//! (`database.connect_timeout_secs`). Every connection is secured as
+//! `database.url`'s `sslmode` says ([`tls`]).
 
 mod tls;
 
@@ -230,6 +231,7 @@ fn on_worker(config: &tokio_postgres::Config, host: &str, port: u16) -> tokio_po
         .ssl_mode(config.get_ssl_mode())
         .keepalives(config.get_keepalives())
         .keepalives_idle(config.get_keepalives_idle())
+        .load_balance_hosts(config.get_load_balance_hosts())
         .target_session_attrs(config.get_target_session_attrs())
         .channel_binding(config.get_channel_binding());
     if let Some(user) = config.get_user() {
@@ -249,6 +251,15 @@ fn on_worker(config: &tokio_postgres::Config, host: &str, port: u16) -> tokio_po
     }
     if let Some(timeout) = config.get_connect_timeout() {
         worker.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        worker.tcp_user_timeout(*timeout);
+    }
+    if let Some(interval) = config.get_keepalives_interval() {
+        worker.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        worker.keepalives_retries(retries);
     }
     worker
 }

@@ -64,7 +64,13 @@ impl Application {
         prepare_database(&settings).await?;
         let pool = db::pool(&settings.database)?;
         let route = db::route(&settings.database, pool.clone())?;
-        shards::refresh_logged(&route).await;
+        let workers = shards::refresh_logged(&route).await;
+        if workers > 0 {
+            tracing::info!(
+                workers,
+                "each buyer's statements go to the worker of its shard"
+            );
+        }
         if settings.demo.seed {
             let client = pool.get().await.context("connecting to the database")?;
             let seeded = seats::seed(&client, DEMO_EVENT, DEMO_SEATS, DEMO_PRICE_CENTS).await?;

@@ -1,8 +1,9 @@
 //! Background tasks of `serve`: expired-key cleanup, pending-order
 //! reconciliation, the delivery of order events to the shop, the retention
 //! of holds and delivered events, the sale's figures (expired holds,
-//! seats by event), and on a cluster the buyers' routes to their workers. Each runs on a tokio interval, is safe with several
-//! instances on one database, and stops when told to.
+//! seats by event), and on a cluster the buyers' routes to their workers.
+//! Each runs on a tokio interval, is safe with several instances on one
+//! database, and stops when told to.
 
 pub mod cleanup;
 pub mod outcomes;
@@ -81,7 +82,9 @@ impl Jobs {
             }),
             every(shards::EVERY, cancel.clone(), move || {
                 let route = route.clone();
-                async move { shards::refresh_logged(&route).await }
+                async move {
+                    shards::refresh_logged(&route).await;
+                }
             }),
             // The limit's buckets of buyers not seen lately are full again:
             // forget them, so that its memory holds only recent buyers.

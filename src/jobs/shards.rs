@@ -11,12 +11,13 @@ use idempotency::Route;
 pub const EVERY: Duration = Duration::from_secs(60);
 
 /// Reads the shards' places; a failure keeps the routes known so far.
-pub async fn refresh_logged(route: &Route) {
+/// Returns how many workers the buyers' statements go to.
+pub async fn refresh_logged(route: &Route) -> usize {
     match route.refresh().await {
-        Ok(0) => {}
-        Ok(workers) => tracing::debug!(workers, "buyers' statements go to their workers"),
+        Ok(workers) => workers,
         Err(error) => {
-            tracing::warn!(%error, "could not read the cluster's shards; routes unchanged")
+            tracing::warn!(%error, "could not read the cluster's shards; routes unchanged");
+            0
         }
     }
 }
