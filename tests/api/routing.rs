@@ -46,6 +46,12 @@ use uuid::Uuid;
 
 use crate::helpers::{new_key, spawn_app, TestApp};
 
+/// The worker ("host:port") that holds the shard of the keys of a buyer
+/// (`$1`), as Citus placed it.
+const PLACEMENT: &str = "SELECT nodename || ':' || nodeport FROM citus_shards
+    WHERE table_name = 'idempotency_keys'::regclass
+      AND shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)";
+
 /// Connections to the app's database that record every command the
 /// coordinator sends to a worker, as `(node "host:port", command)`: `client`
 /// for the tests' own statements, `pool` for the checkout's code.
@@ -124,12 +130,7 @@ impl Watched {
     async fn worker_of(&mut self, user_id: &str) -> String {
         let row = self
             .client
-            .query_one(
-                "SELECT nodename || ':' || nodeport FROM citus_shards
-                 WHERE table_name = 'idempotency_keys'::regclass
-                   AND shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)",
-                &[&user_id],
-            )
+            .query_one(PLACEMENT, &[&user_id])
             .await
             .expect("the shard's placement");
         self.sent();
@@ -278,12 +279,7 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
     for n in 0..300 {
         let buyer = format!("buyer-{n}-{}", Uuid::new_v4());
         let placed: String = client
-            .query_one(
-                "SELECT nodename || ':' || nodeport FROM citus_shards
-                 WHERE table_name = 'idempotency_keys'::regclass
-                   AND shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)",
-                &[&buyer],
-            )
+            .query_one(PLACEMENT, &[&buyer])
             .await
             .expect("the shard's placement")
             .get(0);
@@ -440,22 +436,9 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
 
     // The order and its settlement, with Payrail's charge between them.
     let hold_id = app.hold("alice", seats[1]).await;
-    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
-        .expect("a Payrail client");
-    let orders = Orders::new(db.pool.clone(), Arc::new(payrail));
     let paying = claim(&db.pool).await;
     db.sent();
-    let order = Click::new(
-        &orders,
-        NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"),
-    );
-    let done = click::place(&orders, &paying, &order)
-        .await
-        .expect("the order");
-    let idempotency::Done::Stored(answer) = done else {
-        panic!("a paid order is stored: {done:?}");
-    };
-    assert_eq!(answer.status, 201);
+    let (orders, order_id) = pay(&app, &db, &paying, hold_id).await;
     assert_on_one_worker(
         "the order and its settlement",
         &db.sent(),
@@ -470,12 +453,6 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     assert_eq!(app.charges().await.len(), 1);
 
     // Payrail's event for the same order, after the click settled it.
-    let order_id: Uuid = answer
-        .location
-        .as_deref()
-        .and_then(|l| l.strip_prefix("/orders/"))
-        .and_then(|id| id.parse().ok())
-        .expect("the order's location");
     let outcome = ChargeOutcome::Succeeded {
         charge_id: "ch_routed".to_owned(),
     };
@@ -541,20 +518,7 @@ async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
 
     let paying = claim(&db.pool).await;
     assert_eq!(db.sent(), [], "the claim, on the buyer's worker alone");
-    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
-        .expect("a Payrail client");
-    let orders = Orders::new(db.pool.clone(), Arc::new(payrail));
-    let order = Click::new(
-        &orders,
-        NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"),
-    );
-    let done = click::place(&orders, &paying, &order)
-        .await
-        .expect("the order");
-    let idempotency::Done::Stored(answer) = done else {
-        panic!("a paid order is stored: {done:?}");
-    };
-    assert_eq!(answer.status, 201);
+    let (orders, order_id) = pay(&app, &db, &paying, hold_id).await;
     assert_on_one_worker(
         "the order and its settlement, from the buyer's worker",
         &db.sent(),
@@ -564,12 +528,6 @@ async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
     );
     assert_eq!(app.charges().await.len(), 1);
 
-    let order_id: Uuid = answer
-        .location
-        .as_deref()
-        .and_then(|l| l.strip_prefix("/orders/"))
-        .and_then(|id| id.parse().ok())
-        .expect("the order's location");
     let found = orders.find("alice", order_id).await.expect("the order");
     assert!(found.is_some(), "the order is found");
     assert_eq!(
@@ -577,6 +535,37 @@ async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
         [],
         "an order's read, on the buyer's worker alone"
     );
+}
+
+/// Alice's order of `hold_id`, placed and paid with `paying` through the
+/// checkout's code on `db`'s connections: those orders, and the order's id.
+async fn pay(
+    app: &TestApp,
+    db: &Watched,
+    paying: &idempotency::Claim,
+    hold_id: i64,
+) -> (Orders, Uuid) {
+    let payrail = payrail::Client::new(&app.settings.payrail, &app.sandbox.base_url())
+        .expect("a Payrail client");
+    let orders = Orders::new(db.pool.clone(), Arc::new(payrail));
+    let order = Click::new(
+        &orders,
+        NewOrder::parse(vec![hold_id], "pm_card_visa").expect("an order"),
+    );
+    let done = click::place(&orders, paying, &order)
+        .await
+        .expect("the order");
+    let idempotency::Done::Stored(answer) = done else {
+        panic!("a paid order is stored: {done:?}");
+    };
+    assert_eq!(answer.status, 201);
+    let order_id = answer
+        .location
+        .as_deref()
+        .and_then(|l| l.strip_prefix("/orders/"))
+        .and_then(|id| id.parse().ok())
+        .expect("the order's location");
+    (orders, order_id)
 }
 
 async fn claim(pool: &Pool) -> idempotency::Claim {
