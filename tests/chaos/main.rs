@@ -501,7 +501,6 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
     violations.extend(cluster::panicked_lines(&sandbox.log, "payrail-sandbox"));
 
     print_report(
-        profile.seed,
         &db,
         &ledger,
         &shop,
@@ -511,11 +510,19 @@ async fn run(profile: &Profile, store: &Store, scratch: &Path) -> Vec<String> {
         &violations,
     )
     .await;
+    println!(
+        "chaos: {} requests, {} orders, {} charges, {} kills, {} violations (seed {})",
+        shop.stats.requests.load(Ordering::Relaxed),
+        orders.len(),
+        ledger.len(),
+        monkey.kills.load(Ordering::Relaxed),
+        violations.len(),
+        profile.seed
+    );
     violations
 }
 
 async fn print_report(
-    seed: u64,
     db: &tokio_postgres::Client,
     ledger: &[Value],
     shop: &Shop,
@@ -675,12 +682,4 @@ async fn print_report(
     for violation in violations.iter().take(50) {
         println!("  VIOLATION: {violation}");
     }
-    println!(
-        "chaos: {} requests, {orders} orders, {} charges, {} kills, {} violations (seed {})",
-        n(&s.requests),
-        ledger.len(),
-        n(&monkey.kills),
-        violations.len(),
-        seed
-    );
 }
