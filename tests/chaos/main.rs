@@ -4,7 +4,9 @@
 //! instances are SIGKILLed and restarted, and PostgreSQL restarts once (on
 //! the Citus profile, `STAGEDOOR_TEST_CITUS=1`: a worker's PostgreSQL is
 //! SIGKILLed and started again now and then, cutting two-phase commits
-//! between their phases, and the coordinator recovers them). At the end
+//! between their phases, every other time the worker that coordinates a
+//! commit caught there, which its own maintenance daemon must finish; then
+//! every node recovers what is left). At the end
 //! every click is retried with its own key until it has an answer, then
 //! the database and Payrail's ledger are checked against the invariants
 //! (docs/DESIGN.md, "What always holds") and against every answer the
@@ -648,8 +650,10 @@ async fn print_report(
         (
             "worker crashes",
             format!(
-                "{} (prepared transactions found on the way back {}, recovered {})",
+                "{} ({} of a worker coordinating a commit between its phases; prepared \
+                 transactions found on the way back {}, recovered {})",
                 n(&monkey.worker_crashes),
+                n(&monkey.caught),
                 n(&monkey.in_doubt),
                 n(&monkey.recovered)
             ),

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use test_support::citus::Worker;
+use test_support::in_doubt::{self, InDoubt};
 use test_support::postgres::Postgres;
 use test_support::receiver::{Mode, Receiver};
 use test_support::{sandbox, Rng};
@@ -168,15 +169,27 @@ impl Iterator for KillSchedule {
     }
 }
 
+/// One crash: after `wait`, SIGKILL a worker's PostgreSQL, start it again
+/// after `down`. An `aimed` crash is of the worker coordinating a commit
+/// caught between its two phases (`test_support::in_doubt`); `worker` is
+/// the one crashed when none is caught.
+pub struct CrashStep {
+    pub wait: Duration,
+    pub aimed: bool,
+    pub worker: usize,
+    pub down: Duration,
+}
+
 /// The endless sequence of a cluster's worker crashes of a seed: the first
 /// after 5-10 s, then one every 6-12 s after the worker is back, each down
 /// for 0.2-2 s. Under the load some click of that worker is always between
 /// the prepare and the commit of a two-phase transaction, at whatever
-/// moment the crash comes.
+/// moment the crash comes; every other crash, the first among them, waits
+/// for such a moment and crashes the worker coordinating the commit.
 pub struct CrashSchedule {
     rng: Rng,
     workers: usize,
-    first: bool,
+    steps: u64,
 }
 
 impl CrashSchedule {
@@ -184,23 +197,25 @@ impl CrashSchedule {
         Self {
             rng: Rng::stream(seed, CRASH_STREAM),
             workers,
-            first: true,
+            steps: 0,
         }
     }
 }
 
 impl Iterator for CrashSchedule {
-    type Item = KillStep;
+    type Item = CrashStep;
 
-    fn next(&mut self) -> Option<KillStep> {
-        let wait = if std::mem::take(&mut self.first) {
+    fn next(&mut self) -> Option<CrashStep> {
+        let wait = if self.steps == 0 {
             self.rng.range(5_000, 10_000)
         } else {
             self.rng.range(6_000, 12_000)
         };
-        Some(KillStep {
+        self.steps += 1;
+        Some(CrashStep {
             wait: Duration::from_millis(wait),
-            instance: self.rng.pick(self.workers),
+            aimed: self.steps % 2 == 1,
+            worker: self.rng.pick(self.workers),
             down: Duration::from_millis(self.rng.range(200, 2_000)),
         })
     }
@@ -228,6 +243,14 @@ pub fn preview(seed: u64, timeout_ms: u64, instances: usize, steps: usize) -> [S
 /// How long a restarted instance may take to be healthy again.
 const RESTART_WITHIN: Duration = Duration::from_secs(60);
 
+/// How long an aimed crash watches for a commit between its phases.
+const AIM_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long a crashed worker's maintenance daemon may take, once the
+/// worker is back, to finish the commit it was coordinating: it runs its
+/// recovery when it starts, then every `citus.recover_2pc_interval` (60 s).
+const DAEMON_WITHIN: Duration = Duration::from_secs(70);
+
 pub struct Monkey {
     started: Instant,
     /// For the sandbox's fault switch. No idle connection is kept: the
@@ -237,6 +260,8 @@ pub struct Monkey {
     pub kills: AtomicU64,
     pub db_restarts: AtomicU64,
     pub worker_crashes: AtomicU64,
+    /// Crashes of a worker coordinating a commit caught between its phases.
+    pub caught: AtomicU64,
     /// Prepared transactions a crashed worker still had when it was back:
     /// clicks whose commit the crash cut between its two phases.
     pub in_doubt: AtomicU64,
@@ -259,6 +284,7 @@ impl Monkey {
             kills: AtomicU64::new(0),
             db_restarts: AtomicU64::new(0),
             worker_crashes: AtomicU64::new(0),
+            caught: AtomicU64::new(0),
             in_doubt: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
             fault_changes: AtomicU64::new(0),
@@ -388,7 +414,9 @@ impl Monkey {
     /// count the prepared transactions it came back with, and have every
     /// node (`nodes`: the run's database on each) finish those it started:
     /// a click's two-phase commit is coordinated by the node its statement
-    /// reached, the coordinator or a buyer's worker.
+    /// reached, the coordinator or a buyer's worker. An aimed crash's
+    /// commit, caught between its phases, must be finished by the crashed
+    /// worker's own maintenance daemon before anything else is asked to.
     pub async fn crash_workers(
         self: Arc<Self>,
         workers: Vec<Worker>,
@@ -396,12 +424,27 @@ impl Monkey {
         schedule: CrashSchedule,
         until: Instant,
     ) {
+        let mut aims = 0;
         for step in schedule {
             sleep_until_or(until, step.wait).await;
             if Instant::now() + Duration::from_secs(5) >= until {
                 break;
             }
-            let worker = workers[step.instance].clone();
+            let mut caught = None;
+            let aimed_at = Instant::now();
+            if step.aimed {
+                aims += 1;
+                match in_doubt::catch(&nodes, &workers, aimed_at + AIM_WITHIN).await {
+                    Ok(found) => caught = found,
+                    Err(error) => self.problem(format!("watching for a commit in doubt: {error}")),
+                }
+                if caught.is_none() {
+                    self.say(&format!(
+                        "no commit caught between its phases within {AIM_WITHIN:?}"
+                    ));
+                }
+            }
+            let worker = workers[caught.as_ref().map_or(step.worker, |c| c.worker)].clone();
             let port = worker.port;
             let crashed = {
                 let worker = worker.clone();
@@ -414,10 +457,23 @@ impl Monkey {
                 continue;
             }
             self.worker_crashes.fetch_add(1, Ordering::Relaxed);
-            self.say(&format!(
-                "SIGKILL the worker's PostgreSQL on port {port} (down {:.1?})",
-                step.down
-            ));
+            match &caught {
+                Some(doubt) => {
+                    self.caught.fetch_add(1, Ordering::Relaxed);
+                    self.say(&format!(
+                        "SIGKILL the worker's PostgreSQL on port {port}, coordinating {} \
+                         prepared on {}, caught after {:.1?} of watching (down {:.1?})",
+                        doubt.gid,
+                        doubt.participant,
+                        aimed_at.elapsed(),
+                        step.down
+                    ));
+                }
+                None => self.say(&format!(
+                    "SIGKILL the worker's PostgreSQL on port {port} (down {:.1?})",
+                    step.down
+                )),
+            }
             tokio::time::sleep(step.down).await;
             let started = Instant::now();
             let back = {
@@ -429,6 +485,9 @@ impl Monkey {
             if let Err(error) = back {
                 self.problem(format!("restarting the worker on port {port}: {error}"));
                 continue;
+            }
+            if let Some(doubt) = &caught {
+                self.finished_by_its_daemon(doubt, port).await;
             }
             let in_doubt = match number(
                 &worker.url,
@@ -452,6 +511,48 @@ impl Monkey {
                 started.elapsed()
             ));
         }
+        if aims > 0 && self.caught.load(Ordering::Relaxed) == 0 {
+            self.problem(format!(
+                "none of {aims} aimed crashes caught a commit between its phases"
+            ));
+        }
+    }
+
+    /// Waits until the part of `doubt` prepared on its participant is
+    /// committed or rolled back, which only the maintenance daemon of the
+    /// crashed worker (on `port`) can decide: it alone holds the record of
+    /// whether the commit's coordinator committed.
+    async fn finished_by_its_daemon(&self, doubt: &InDoubt, port: u16) {
+        let started = Instant::now();
+        loop {
+            match number(
+                &doubt.participant,
+                &format!(
+                    "SELECT count(*) FROM pg_prepared_xacts WHERE gid = '{}'",
+                    doubt.gid
+                ),
+            )
+            .await
+            {
+                Ok(0) => break,
+                Ok(_) if started.elapsed() < DAEMON_WITHIN => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(_) => {
+                    return self.problem(format!(
+                        "{} still prepared on {} {DAEMON_WITHIN:?} after the worker on port \
+                         {port} was back",
+                        doubt.gid, doubt.participant
+                    ));
+                }
+                Err(error) => return self.problem(format!("{}: {error}", doubt.participant)),
+            }
+        }
+        self.say(&format!(
+            "{} finished by the maintenance daemon of the worker on port {port} after {:.1?}",
+            doubt.gid,
+            started.elapsed()
+        ));
     }
 
     /// Citus's `recover_prepared_transactions()` on each of `nodes`: the

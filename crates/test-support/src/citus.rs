@@ -113,6 +113,9 @@ pub(crate) async fn leave(admin: &Client, maintenance: &str, name: &str) {
 pub struct Worker {
     pub host: String,
     pub port: u16,
+    /// Its group in the cluster's catalog: the first number of the name of
+    /// every two-phase commit it coordinates (`citus_<group>_<pid>_…`).
+    pub group: i32,
     /// The URL of the test's database on it.
     pub url: String,
     data: PathBuf,
@@ -126,15 +129,19 @@ impl Worker {
         let mut all = Vec::new();
         for (host, port) in workers(admin).await {
             let url = on_node(url, &host, port);
-            let data: String = crate::db::connect(&url)
+            let row = crate::db::connect(&url)
                 .await
-                .query_one("SHOW data_directory", &[])
+                .query_one(
+                    "SELECT current_setting('data_directory'), groupid FROM pg_dist_local_group",
+                    &[],
+                )
                 .await
-                .unwrap_or_else(|e| panic!("{url}: SHOW data_directory: {e}"))
-                .get(0);
+                .unwrap_or_else(|e| panic!("{url}: its data directory and group: {e}"));
+            let data: String = row.get(0);
             all.push(Worker {
                 host,
                 port,
+                group: row.get(1),
                 url,
                 data: data.into(),
             });
@@ -147,13 +154,7 @@ impl Worker {
     /// wherever they were (a prepared one stays prepared). Returns once
     /// every one of them is gone.
     pub fn crash(&self) -> Result<(), String> {
-        let pid_file = self.data.join("postmaster.pid");
-        let postmaster: u32 = std::fs::read_to_string(&pid_file)
-            .map_err(|e| format!("{}: {e}", pid_file.display()))?
-            .lines()
-            .next()
-            .and_then(|line| line.trim().parse().ok())
-            .ok_or_else(|| format!("{}: no pid on its first line", pid_file.display()))?;
+        let postmaster = self.postmaster()?;
         // The children are listed while they are still the postmaster's;
         // the postmaster is killed first, so that it cannot start a new
         // one, then they are. Only the postmaster's kill must succeed: a
@@ -177,6 +178,17 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
+    }
+
+    /// The pid of its running postmaster, from `postmaster.pid`.
+    pub fn postmaster(&self) -> Result<u32, String> {
+        let pid_file = self.data.join("postmaster.pid");
+        std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("{}: {e}", pid_file.display()))?
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .ok_or_else(|| format!("{}: no pid on its first line", pid_file.display()))
     }
 
     /// `pg_ctl start`, waiting until it accepts connections (after its

@@ -10,6 +10,7 @@
 //! | [`tls`] | a throwaway PostgreSQL that takes TLS connections only, with a CA made at test time |
 //! | [`db`] | a database per test on the machine's server (`DATABASE_URL`), a plain connection, a pool |
 //! | [`citus`] | the Citus profile (`STAGEDOOR_TEST_CITUS=1`): every test database a database of the cluster, and the tables' layout there |
+//! | [`in_doubt`] | on Citus, a two-phase commit a worker coordinates, caught between its phases for a crash |
 //! | [`process`] | a real service process: spawned, waited for until its health URL answers, killed or stopped; any process by its pid: SIGKILLed, its children, whether it lives |
 //! | [`rng`] | one small seeded PRNG, so that a random run can be replayed from its seed |
 //! | [`seen`] | what a client sees of an HTTP response, and the problem slug of its body |
@@ -23,6 +24,7 @@
 
 pub mod citus;
 pub mod db;
+pub mod in_doubt;
 pub mod invariants;
 pub mod paused;
 pub mod postgres;

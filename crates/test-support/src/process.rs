@@ -420,27 +420,38 @@ pub(crate) fn children(pid: u32) -> Vec<u32> {
         .flatten()
         .filter_map(|entry| {
             let child: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid ...`: comm may hold spaces, so after
-            // its closing parenthesis.
-            let parent: u32 = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            (parent == pid).then_some(child)
+            (parent(child)? == pid).then_some(child)
         })
         .collect()
 }
 
+/// The parent of `pid`, while it is there.
+pub(crate) fn parent(pid: u32) -> Option<u32> {
+    stat(pid)?.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether `pid` is a live process (a zombie is not).
 pub(crate) fn alive(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+    stat(pid)
+        .and_then(|stat| Some(stat.split_whitespace().next()? != "Z"))
         .unwrap_or(false)
+}
+
+/// `/proc/<pid>/stat` from the state on: `pid (comm) state ppid ...`, and
+/// comm may hold spaces, so after its closing parenthesis.
+fn stat(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.to_owned())
+}
+
+/// Sends `signal` to `pid` at once (no `kill` process started in between,
+/// which takes milliseconds); whether it was sent.
+pub(crate) fn signal_now(pid: u32, signal: libc::c_int) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    unsafe { libc::kill(pid, signal) == 0 }
 }
 
 #[cfg(test)]
