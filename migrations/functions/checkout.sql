@@ -15,7 +15,56 @@
 -- key's own writes are the engine's functions
 -- (crates/idempotency/migrations/functions/idempotency.sql).
 
--- Holds `p_seat_id` for `p_user_id` for `p_ttl_secs`, unless the buyer
+-- The slot of a new event: 0 on one PostgreSQL; once the seat side is
+-- distributed by slot (scripts/citus-distribute.sql), 12 bits of the
+-- hash of its id, which the service computes the same way to route a
+-- request naming the event (`idempotency::hashtext`). An event keeps the
+-- slot it was made with.
+CREATE OR REPLACE FUNCTION checkout_event_slot(p_event_id text)
+RETURNS integer
+LANGUAGE plpgsql
+STABLE
+AS $$
+BEGIN
+    -- Nested: a condition on a catalog table one PostgreSQL does not have
+    -- must not be planned there.
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'events'::regclass AND partmethod = 'h') THEN
+            RETURN hashtext(p_event_id) & 4095;
+        END IF;
+    END IF;
+    RETURN 0;
+END
+$$;
+
+-- The id of a new seat or hold of slot `p_slot` from `p_number`, what the
+-- table's sequence gave: the slot in bits 40-51, so that the id alone
+-- routes a request, and the number under it. On a Citus worker a sequence
+-- starts at the worker's group << 48 (where it would make ids past 2^53,
+-- which a browser's JSON cannot hold): the group goes to bits 32-39, and
+-- a worker numbers 2^32 ids before it would meet another's (the key
+-- (slot, id) refuses it then). On one PostgreSQL, and for the seats the
+-- coordinator numbers, slot and group are 0 and the id is the number.
+CREATE OR REPLACE FUNCTION checkout_seat_side_id(p_slot integer, p_number bigint)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT (p_slot::bigint << 40) | (((p_number >> 48) << 32) + (p_number & 281474976710655))
+$$;
+
+-- The slots of seat-side ids, each once, in order.
+CREATE OR REPLACE FUNCTION checkout_slots(p_ids bigint[])
+RETURNS integer[]
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT array_agg(DISTINCT (id >> 40)::integer ORDER BY (id >> 40)::integer)
+    FROM unnest(p_ids) AS id
+$$;
+
+-- Holds `p_seat_id` (of slot `p_slot`) for `p_user_id` for `p_ttl_secs`, unless the buyer
 -- already has `p_max` seats of the seat's event: live holds no order has
 -- taken, plus holds in orders still waiting for their payment (whatever
 -- their `expires_at`: an order keeps its seats until it settles). Then one
@@ -32,11 +81,12 @@
 -- these locks apart from the single-key ones of migrations and cleanup.
 --
 -- A hold is in a pending order exactly when it has an `order_id` and is
--- not `sold`, so the count reads holds alone, never `orders` (on Citus the
--- call stays on the coordinator, which holds the seat side), each part
--- through its partial index on the buyer.
+-- not `sold`, so the count reads holds alone, never `orders` (the buyer's
+-- rows, which on Citus are on another shard), each part through its
+-- partial index on the buyer; every statement names the slot, so that on
+-- Citus the call runs whole on the slot's shard.
 CREATE OR REPLACE FUNCTION checkout_place_hold(
-    p_seat_id bigint, p_user_id text, p_ttl_secs float8, p_max bigint
+    p_slot integer, p_seat_id bigint, p_user_id text, p_ttl_secs float8, p_max bigint
 )
 RETURNS TABLE (new_hold_id bigint, new_expires_at timestamptz, over_limit boolean)
 LANGUAGE plpgsql
@@ -45,24 +95,26 @@ DECLARE
     v_event_id text;
 BEGIN
     SELECT s.event_id INTO v_event_id FROM seats s
-    WHERE s.seat_id = p_seat_id
+    WHERE s.slot = p_slot AND s.seat_id = p_seat_id
     FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext(v_event_id), hashtext(p_user_id));
-    IF (SELECT count(*) FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-        WHERE h.user_id = p_user_id AND h.order_id IS NULL AND h.expires_at > now()
-          AND s.event_id = v_event_id)
-       + (SELECT count(*) FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-          WHERE h.user_id = p_user_id AND h.order_id IS NOT NULL AND NOT h.sold
-            AND s.event_id = v_event_id) >= p_max THEN
+    IF (SELECT count(*) FROM holds h JOIN seats s ON s.slot = h.slot AND s.seat_id = h.seat_id
+        WHERE h.slot = p_slot AND h.user_id = p_user_id AND h.order_id IS NULL
+          AND h.expires_at > now() AND s.event_id = v_event_id)
+       + (SELECT count(*) FROM holds h JOIN seats s ON s.slot = h.slot AND s.seat_id = h.seat_id
+          WHERE h.slot = p_slot AND h.user_id = p_user_id AND h.order_id IS NOT NULL
+            AND NOT h.sold AND s.event_id = v_event_id) >= p_max THEN
         RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, true;
         RETURN;
     END IF;
     RETURN QUERY
-    INSERT INTO holds (seat_id, user_id, expires_at)
-    VALUES (p_seat_id, p_user_id, now() + make_interval(secs => p_ttl_secs))
+    INSERT INTO holds (slot, hold_id, seat_id, user_id, expires_at)
+    OVERRIDING SYSTEM VALUE
+    VALUES (p_slot, checkout_seat_side_id(p_slot, nextval('holds_hold_id_seq')), p_seat_id,
+            p_user_id, now() + make_interval(secs => p_ttl_secs))
     RETURNING holds.hold_id, holds.expires_at, false;
 END
 $$;
@@ -70,7 +122,9 @@ $$;
 -- The order itself, with no key: the buyer's live holds locked in id order
 -- (as every writer of holds locks them) and claimed, and the order written,
 -- all or nothing. `all_held` is false, and nothing written, when a hold is
--- not the buyer's to order.
+-- not the buyer's to order. The holds are locked a slot at a time, in
+-- slot order, which is id order too (an id carries its slot in its high
+-- bits): on Citus a statement that locks rows must stay on one shard.
 CREATE OR REPLACE FUNCTION checkout_make_order(
     p_user_id text, p_key text, p_order_id uuid, p_hold_ids bigint[], p_currency text,
     p_payment_method text
@@ -80,29 +134,45 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    n_held bigint;
-    amount bigint;
-    labels text[];
+    v_slots integer[] := checkout_slots(p_hold_ids);
+    v_slot integer;
+    n_held bigint := 0;
+    amount bigint := 0;
+    held_ids bigint[] := '{}';
+    labels text[] := '{}';
+    slot_held bigint;
+    slot_amount bigint;
+    slot_ids bigint[];
+    slot_labels text[];
 BEGIN
-    WITH mine AS (
-        SELECT h.hold_id, s.label, s.price_cents
-        FROM holds h JOIN seats s ON s.seat_id = h.seat_id
-        WHERE h.hold_id = ANY (p_hold_ids) AND h.user_id = p_user_id
-          AND h.order_id IS NULL AND h.expires_at > now()
-        ORDER BY h.hold_id
-        FOR UPDATE OF h
-    )
-    SELECT count(*), sum(price_cents)::bigint,
-           array_agg(label ORDER BY array_position(p_hold_ids, hold_id))
-    INTO n_held, amount, labels
-    FROM mine;
+    FOREACH v_slot IN ARRAY v_slots LOOP
+        WITH mine AS (
+            SELECT h.hold_id, s.label, s.price_cents
+            FROM holds h JOIN seats s ON s.slot = h.slot AND s.seat_id = h.seat_id
+            WHERE h.slot = v_slot AND h.hold_id = ANY (p_hold_ids) AND h.user_id = p_user_id
+              AND h.order_id IS NULL AND h.expires_at > now()
+            ORDER BY h.hold_id
+            FOR UPDATE OF h
+        )
+        SELECT count(*), sum(price_cents)::bigint, array_agg(hold_id), array_agg(label)
+        INTO slot_held, slot_amount, slot_ids, slot_labels
+        FROM mine;
+        n_held := n_held + slot_held;
+        amount := amount + coalesce(slot_amount, 0);
+        held_ids := held_ids || slot_ids;
+        labels := labels || slot_labels;
+    END LOOP;
     all_held := n_held = cardinality(p_hold_ids);
     IF all_held THEN
-        UPDATE holds SET order_id = p_order_id WHERE hold_id = ANY (p_hold_ids);
+        UPDATE holds SET order_id = p_order_id
+        WHERE slot = ANY (v_slots) AND hold_id = ANY (p_hold_ids);
         INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
                             payment_method, hold_ids, seats, idempotency_key)
         VALUES (p_order_id, p_user_id, 'payment_pending', amount, p_currency,
-                p_payment_method, p_hold_ids, labels, p_key)
+                p_payment_method, p_hold_ids,
+                ARRAY(SELECT l FROM unnest(held_ids, labels) AS h (id, l)
+                      ORDER BY array_position(p_hold_ids, id)),
+                p_key)
         RETURNING orders.created_at, orders.amount_cents, orders.seats
         INTO created_at, amount_cents, seats;
     END IF;
@@ -182,7 +252,8 @@ BEGIN
     UPDATE holds
     SET order_id = CASE WHEN p_status = 'paid' THEN order_id END,
         sold = p_status = 'paid'
-    WHERE order_id = p_order_id;
+    WHERE slot = ANY (checkout_slots(settled.hold_ids)) AND hold_id = ANY (settled.hold_ids)
+      AND order_id = p_order_id;
     INSERT INTO order_events (user_id, order_id, event_id, type)
     VALUES (p_user_id, p_order_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''),
             'order.' || p_status);

@@ -98,10 +98,11 @@ pub async fn place(
     let statement = client
         .prepare_cached(
             "SELECT new_hold_id, new_expires_at, over_limit
-             FROM checkout_place_hold($1, $2, $3, $4)",
+             FROM checkout_place_hold($1, $2, $3, $4, $5)",
         )
         .await?;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+        &super::slot_of(seat_id),
         &seat_id,
         &buyer,
         &policy.ttl.as_secs_f64(),
@@ -142,11 +143,14 @@ pub async fn release(
 ) -> Result<bool, CheckoutError> {
     let statement = client
         .prepare_cached(
-            "DELETE FROM holds WHERE hold_id = $1 AND user_id = $2 AND order_id IS NULL
+            "DELETE FROM holds
+             WHERE slot = $1 AND hold_id = $2 AND user_id = $3 AND order_id IS NULL
              RETURNING expires_at",
         )
         .await?;
-    let Some(row) = client.query_opt(&statement, &[&hold_id, &buyer]).await? else {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&super::slot_of(hold_id), &hold_id, &buyer];
+    let Some(row) = client.query_opt(&statement, &params).await? else {
         return Ok(false);
     };
     // A hold that had expired already ended then, and was counted so. (The

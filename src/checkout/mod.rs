@@ -91,6 +91,14 @@ impl From<CheckoutError> for Problem {
     }
 }
 
+/// The slot of a seat's or a hold's id: its bits 40-51, where the
+/// database puts the slot of the seat's event (`checkout_seat_side_id`,
+/// migrations/functions/checkout.sql). Every statement on a seat or a hold
+/// names it, so that on Citus it runs on the slot's shard alone.
+pub fn slot_of(id: i64) -> i32 {
+    (id >> 40) as i32
+}
+
 /// Timestamps go out as RFC 3339 in UTC.
 pub(crate) fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()

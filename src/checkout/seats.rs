@@ -54,7 +54,7 @@ pub struct SeedSummary {
 }
 
 /// The statement of an event's snapshot (src/checkout/seat_maps/mod.rs): `$1`
-/// the event. Public for the test that reads its plan.
+/// the event, `$2` its slot. Public for the test that reads its plan.
 ///
 /// The exclusion constraint on holds leaves at most one live or ordered
 /// hold per seat, which each seat looks up on its own (`LATERAL`) through
@@ -78,20 +78,20 @@ pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
         CASE WHEN h.order_id IS NULL THEN h.expires_at END AS expires_at
  FROM seats s
  LEFT JOIN LATERAL (SELECT hold_id, user_id, order_id, sold, expires_at FROM holds
-                    WHERE holds.seat_id = s.seat_id
+                    WHERE holds.slot = s.slot AND holds.seat_id = s.seat_id
                       AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                     LIMIT 1) h ON true
- WHERE s.event_id = $1
+ WHERE s.slot = $2 AND s.event_id = $1
  ORDER BY s.seat_id";
 
 /// The caller's live unordered holds of one event: `$1` the buyer, `$2`
-/// the event. Through the holds' index of a buyer's live holds
+/// the event, `$3` its slot. Through the holds' index of a buyer's live holds
 /// (migrations/V8), so that a view of a map from memory costs one probe of
 /// the buyer's own few rows. Public for the test that reads its plan.
 pub const OWN_HOLDS_STATEMENT: &str = "SELECT h.seat_id, h.hold_id, h.expires_at
  FROM holds h
- JOIN seats s ON s.seat_id = h.seat_id
- WHERE h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
+ JOIN seats s ON s.slot = h.slot AND s.seat_id = h.seat_id
+ WHERE h.slot = $3 AND h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
    AND s.event_id = $2";
 
 /// A seat as the snapshot has it, and its unordered hold (if any): when it
@@ -103,15 +103,16 @@ pub(crate) struct ReadSeat {
     pub hold: Option<YourHold>,
 }
 
-/// Every seat of the event as everyone sees it (`your_hold` empty), or
-/// `None` when there is no such event.
+/// Every seat of the event of slot `slot` as everyone sees it (`your_hold`
+/// empty), or `None` when there is no such event there.
 pub(crate) async fn read_map(
     client: &impl GenericClient,
+    slot: i32,
     event_id: &str,
 ) -> Result<Option<Vec<ReadSeat>>, DbError> {
     let statement = client.prepare_cached(SEAT_MAP_STATEMENT).await?;
-    let rows = client.query(&statement, &[&event_id]).await?;
-    if rows.is_empty() && !event_exists(client, event_id).await? {
+    let rows = client.query(&statement, &[&event_id, &slot]).await?;
+    if rows.is_empty() && !event_exists(client, slot, event_id).await? {
         return Ok(None);
     }
     let mut seats = Vec::with_capacity(rows.len());
@@ -137,15 +138,16 @@ pub(crate) async fn read_map(
     Ok(Some(seats))
 }
 
-/// The buyer's live unordered holds of the event, by seat.
+/// The buyer's live unordered holds of the event (of slot `slot`), by seat.
 pub(crate) async fn own_holds(
     client: &impl GenericClient,
+    slot: i32,
     event_id: &str,
     buyer: &BuyerId,
 ) -> Result<Vec<(i64, YourHold)>, DbError> {
     let statement = client.prepare_cached(OWN_HOLDS_STATEMENT).await?;
     let rows = client
-        .query(&statement, &[&buyer.as_str(), &event_id])
+        .query(&statement, &[&buyer.as_str(), &event_id, &slot])
         .await?;
     let mut holds = Vec::with_capacity(rows.len());
     for row in rows {
@@ -169,48 +171,69 @@ fn your_hold(row: &tokio_postgres::Row) -> Result<Option<YourHold>, DbError> {
         }))
 }
 
-async fn event_exists(client: &impl GenericClient, event_id: &str) -> Result<bool, DbError> {
+async fn event_exists(
+    client: &impl GenericClient,
+    slot: i32,
+    event_id: &str,
+) -> Result<bool, DbError> {
     let statement = client
-        .prepare_cached("SELECT 1 FROM events WHERE event_id = $1")
+        .prepare_cached("SELECT 1 FROM events WHERE slot = $1 AND event_id = $2")
         .await?;
-    Ok(client.query_opt(&statement, &[&event_id]).await?.is_some())
+    Ok(client
+        .query_opt(&statement, &[&slot, &event_id])
+        .await?
+        .is_some())
 }
 
 /// Creates the event and its seats `A1`…`A20`, `B1`…; running it again adds
-/// only what is missing and changes no price.
+/// only what is missing and changes no price. A new event gets its slot
+/// from the database (`checkout_event_slot`); an existing one keeps its
+/// own, which its seats' ids carry.
 pub async fn seed(
     client: &impl GenericClient,
     event_id: &str,
     seats: u32,
     price_cents: i64,
 ) -> Result<SeedSummary, DbError> {
-    client
-        .execute(
-            "INSERT INTO events (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
-            &[&event_id],
-        )
-        .await?;
+    let slot = match event_slot(client, event_id).await? {
+        Some(slot) => slot,
+        None => {
+            client
+                .execute(
+                    "INSERT INTO events (slot, event_id) VALUES (checkout_event_slot($1), $1)
+                     ON CONFLICT DO NOTHING",
+                    &[&event_id],
+                )
+                .await?;
+            client
+                .query_one("SELECT slot FROM events WHERE event_id = $1", &[&event_id])
+                .await?
+                .try_get(0)?
+        }
+    };
     let labels: Vec<String> = (0..seats).map(label).collect();
     // Counted from what the insert returns: Citus reports the rows an
     // INSERT … SELECT read, not the ones it wrote.
     let created: i64 = client
         .query_one(
             "WITH created AS (
-                 INSERT INTO seats (event_id, label, price_cents)
-                 SELECT $1, label, $3 FROM unnest($2::text[]) WITH ORDINALITY AS l (label, n)
+                 INSERT INTO seats (slot, seat_id, event_id, label, price_cents)
+                 OVERRIDING SYSTEM VALUE
+                 SELECT $1, checkout_seat_side_id($1, nextval('seats_seat_id_seq')), $2, label, $4
+                 FROM unnest($3::text[]) WITH ORDINALITY AS l (label, n)
                  ORDER BY n
-                 ON CONFLICT (event_id, label) DO NOTHING
+                 ON CONFLICT DO NOTHING
                  RETURNING 1
              )
              SELECT count(*) FROM created",
-            &[&event_id, &labels, &price_cents],
+            &[&slot, &event_id, &labels, &price_cents],
         )
         .await?
         .try_get(0)?;
     let total: i64 = client
         .query_one(
-            "SELECT count(*) FROM seats WHERE event_id = $1",
-            &[&event_id],
+            "SELECT count(*) FROM seats WHERE slot = $1 AND event_id = $2",
+            &[&slot, &event_id],
         )
         .await?
         .try_get(0)?;
@@ -220,6 +243,16 @@ pub async fn seed(
         created: created.unsigned_abs(),
         price_cents,
     })
+}
+
+/// The slot of the event, if there is one: by its id alone, read from
+/// every slot on a distributed database (seeding is not a buyer's path).
+async fn event_slot(client: &impl GenericClient, event_id: &str) -> Result<Option<i32>, DbError> {
+    Ok(client
+        .query_opt("SELECT slot FROM events WHERE event_id = $1", &[&event_id])
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?)
 }
 
 /// Rows of 20: seat 0 is `A1`, seat 20 is `B1`, seat 520 is `AA1`.
@@ -269,16 +302,16 @@ impl SeatCounts {
     }
 }
 
-/// Every event's id.
-pub async fn event_ids(client: &impl GenericClient) -> Result<Vec<String>, DbError> {
+/// Every event: its slot and its id, by id.
+pub async fn events(client: &impl GenericClient) -> Result<Vec<(i32, String)>, DbError> {
     let statement = client
-        .prepare_cached("SELECT event_id FROM events ORDER BY event_id")
+        .prepare_cached("SELECT slot, event_id FROM events ORDER BY event_id")
         .await?;
     client
         .query(&statement, &[])
         .await?
         .iter()
-        .map(|row| Ok(row.try_get(0)?))
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect()
 }
 
@@ -286,7 +319,11 @@ pub async fn event_ids(client: &impl GenericClient) -> Result<Vec<String>, DbErr
 /// `(event_id, label)` index), each seat's live or ordered hold found by
 /// the seat (at most one, as the exclusion constraint keeps it), the way
 /// the seat map finds it; never a read of every hold.
-pub async fn counts(client: &impl GenericClient, event_id: &str) -> Result<SeatCounts, DbError> {
+pub async fn counts(
+    client: &impl GenericClient,
+    slot: i32,
+    event_id: &str,
+) -> Result<SeatCounts, DbError> {
     let statement = client
         .prepare_cached(
             "SELECT count(*) FILTER (WHERE h.seat_id IS NULL) AS available,
@@ -294,13 +331,13 @@ pub async fn counts(client: &impl GenericClient, event_id: &str) -> Result<SeatC
                     count(*) FILTER (WHERE h.sold) AS sold
              FROM seats s
              LEFT JOIN LATERAL (SELECT seat_id, sold FROM holds
-                                WHERE holds.seat_id = s.seat_id
+                                WHERE holds.slot = s.slot AND holds.seat_id = s.seat_id
                                   AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                                 LIMIT 1) h ON true
-             WHERE s.event_id = $1",
+             WHERE s.slot = $1 AND s.event_id = $2",
         )
         .await?;
-    let row = client.query_one(&statement, &[&event_id]).await?;
+    let row = client.query_one(&statement, &[&slot, &event_id]).await?;
     Ok(SeatCounts {
         event_id: event_id.to_owned(),
         available: row.try_get("available")?,

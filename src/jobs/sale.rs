@@ -156,11 +156,11 @@ impl Sale {
     async fn refresh_seats(&self) -> Result<(), DbError> {
         let client = self.pool.get().await?;
         let mut on_sale = Vec::new();
-        for event_id in seats::event_ids(&client).await? {
+        for (slot, event_id) in seats::events(&client).await? {
             if self.is_sold_out(&event_id) {
                 continue;
             }
-            let counts = seats::counts(&client, &event_id).await?;
+            let counts = seats::counts(&client, slot, &event_id).await?;
             if counts.sold_out() && counts.sold > 0 {
                 locked(&self.sold_out).insert(event_id);
             } else {

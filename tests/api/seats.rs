@@ -149,23 +149,32 @@ async fn the_seat_map_reads_no_other_events_holds() {
     } else {
         "auto"
     };
+    let slot: i32 = client
+        .query_one("SELECT slot FROM events WHERE event_id = 'show'", &[])
+        .await
+        .unwrap()
+        .get(0);
     client
         .batch_execute(&format!(
             "ANALYZE holds, seats;
              SET plan_cache_mode = {plans};
-             PREPARE seat_map (text) AS {};
-             PREPARE own_holds (text, text) AS {}",
+             PREPARE seat_map (text, integer) AS {};
+             PREPARE own_holds (text, text, integer) AS {}",
             stagedoor_checkout::checkout::seats::SEAT_MAP_STATEMENT,
             stagedoor_checkout::checkout::seats::OWN_HOLDS_STATEMENT,
         ))
         .await
         .unwrap();
-    let plan = explain(&client, "EXECUTE seat_map ('show')").await;
+    let plan = explain(&client, &format!("EXECUTE seat_map ('show', {slot})")).await;
     assert!(!plan.contains("Seq Scan on holds"), "{plan}");
     assert!(plan.contains("Index Cond: (seat_id = s.seat_id)"), "{plan}");
     // Each view's read of the caller's own holds: through the buyer's live
     // holds, or the live holds of every buyer, never the expired ones.
-    let plan = explain(&client, "EXECUTE own_holds ('crowd', 'show')").await;
+    let plan = explain(
+        &client,
+        &format!("EXECUTE own_holds ('crowd', 'show', {slot})"),
+    )
+    .await;
     assert!(!plan.contains("Seq Scan on holds"), "{plan}");
     assert!(
         ["holds_live_by_buyer_idx", "holds_unordered_expiry_idx"]

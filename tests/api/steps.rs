@@ -325,8 +325,8 @@ async fn the_key_less_order_and_the_hold_step_leave_their_rows() {
         async move {
             client
                 .query_opt(
-                    "SELECT * FROM checkout_place_hold($1, 'bob', 60, 2)",
-                    &[&seat],
+                    "SELECT * FROM checkout_place_hold($1, $2, 'bob', 60, 2)",
+                    &[&stagedoor_checkout::checkout::slot_of(seat), &seat],
                 )
                 .await
                 .expect("checkout_place_hold")

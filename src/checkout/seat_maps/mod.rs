@@ -55,7 +55,7 @@ const FORGOTTEN: Duration = Duration::from_secs(60);
 /// The seat maps of this instance; see the module documentation. Without
 /// [`SeatMaps::listen`] every view reads the caller's own holds.
 pub struct SeatMaps {
-    events: Mutex<HashMap<String, Arc<Slot>>>,
+    events: Mutex<HashMap<String, Arc<Entry>>>,
     notices: Arc<Notices>,
 }
 
@@ -69,7 +69,7 @@ impl Default for SeatMaps {
 }
 
 #[derive(Default)]
-struct Slot {
+struct Entry {
     current: Mutex<Option<Arc<Snapshot>>>,
     /// Held by the one view that reads the map again.
     refresh: tokio::sync::Mutex<()>,
@@ -174,7 +174,7 @@ impl SeatMaps {
                 .unwrap_or_default()
         } else {
             let client = pool.get().await?;
-            seats::own_holds(&client, event_id, buyer).await?
+            seats::own_holds(&client, 0, event_id, buyer).await?
         };
         if own.is_empty() {
             return Ok(Some(snapshot.shared.clone()));
@@ -199,18 +199,18 @@ impl SeatMaps {
         pool: &Pool,
         event_id: &str,
     ) -> Result<Option<Arc<Snapshot>>, DbError> {
-        let slot = self.slot(event_id);
-        if let Some(fresh) = slot.fresh() {
+        let entry = self.entry(event_id);
+        if let Some(fresh) = entry.fresh() {
             return Ok(Some(fresh));
         }
-        let _reading = slot.refresh.lock().await;
+        let _reading = entry.refresh.lock().await;
         // Another view may have read it while this one waited.
-        if let Some(fresh) = slot.fresh() {
+        if let Some(fresh) = entry.fresh() {
             return Ok(Some(fresh));
         }
         let sent = Instant::now();
         let client = pool.get().await?;
-        let Some(read) = seats::read_map(&client, event_id).await? else {
+        let Some(read) = seats::read_map(&client, 0, event_id).await? else {
             drop(client);
             self.events().remove(event_id);
             return Ok(None);
@@ -247,35 +247,36 @@ impl SeatMaps {
             sent,
             valid_until: sent + first_expiry,
         });
-        *slot.lock() = Some(snapshot.clone());
+        *entry.lock() = Some(snapshot.clone());
         Ok(Some(snapshot))
     }
 
-    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
         // Each map stays whole whatever panicked while holding it.
         self.events.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn slot(&self, event_id: &str) -> Arc<Slot> {
+    fn entry(&self, event_id: &str) -> Arc<Entry> {
         let mut events = self.events();
-        if let Some(slot) = events.get(event_id) {
-            return slot.clone();
+        if let Some(entry) = events.get(event_id) {
+            return entry.clone();
         }
         if events.len() >= KEPT {
             let now = Instant::now();
-            events.retain(|_, slot| {
-                slot.lock()
+            events.retain(|_, entry| {
+                entry
+                    .lock()
                     .as_ref()
                     .is_some_and(|s| s.valid_until + FORGOTTEN > now)
             });
         }
-        let slot = Arc::new(Slot::default());
-        events.insert(event_id.to_owned(), slot.clone());
-        slot
+        let entry = Arc::new(Entry::default());
+        events.insert(event_id.to_owned(), entry.clone());
+        entry
     }
 }
 
-impl Slot {
+impl Entry {
     fn fresh(&self) -> Option<Arc<Snapshot>> {
         self.lock()
             .as_ref()
