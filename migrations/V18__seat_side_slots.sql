@@ -8,7 +8,8 @@
 -- On one PostgreSQL every slot is 0 (`checkout_event_slot`) and every id
 -- is what its sequence gave, as before: nothing changes for a request. The
 -- columns are added with a constant default, which rewrites no table.
--- scripts/citus-distribute.sql keys and spreads the seat side by slot.
+-- On Citus the seat side stays on the coordinator for now
+-- (scripts/citus-distribute.sql), every slot 0 there too.
 ALTER TABLE events ADD COLUMN slot integer NOT NULL DEFAULT 0;
 ALTER TABLE seats ADD COLUMN slot integer NOT NULL DEFAULT 0;
 ALTER TABLE holds ADD COLUMN slot integer NOT NULL DEFAULT 0;

@@ -164,15 +164,16 @@ BEGIN
     END LOOP;
     all_held := n_held = cardinality(p_hold_ids);
     IF all_held THEN
+        -- The seats' labels in the order's own order (on Citus an insert
+        -- into a distributed table takes no subquery).
+        labels := ARRAY(SELECT l FROM unnest(held_ids, labels) AS h (id, l)
+                        ORDER BY array_position(p_hold_ids, id));
         UPDATE holds SET order_id = p_order_id
         WHERE slot = ANY (v_slots) AND hold_id = ANY (p_hold_ids);
         INSERT INTO orders (order_id, user_id, status, amount_cents, currency,
                             payment_method, hold_ids, seats, idempotency_key)
         VALUES (p_order_id, p_user_id, 'payment_pending', amount, p_currency,
-                p_payment_method, p_hold_ids,
-                ARRAY(SELECT l FROM unnest(held_ids, labels) AS h (id, l)
-                      ORDER BY array_position(p_hold_ids, id)),
-                p_key)
+                p_payment_method, p_hold_ids, labels, p_key)
         RETURNING orders.created_at, orders.amount_cents, orders.seats
         INTO created_at, amount_cents, seats;
     END IF;

@@ -77,7 +77,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ),
     ("a hold", "INSERT INTO holds"),
     ("a hold's limit", "h.order_id IS NOT NULL AND NOT h.sold"),
-    ("a release", "DELETE FROM holds WHERE slot = $1 AND hold_id = $2"),
+    (
+        "a release",
+        "DELETE FROM holds WHERE slot = $1 AND hold_id = $2",
+    ),
     ("a click's claim", "INSERT INTO idempotency_keys"),
     ("a replay", "k.user_id = p_user_id AND k.key = p_key"),
     ("an order's holds", "FOR UPDATE OF h"),
