@@ -271,6 +271,10 @@ $$;
 -- its key while the claim holds (`held`), with what the settlement says of
 -- the key. The key row is written last, and once; told apart only when the
 -- claim was lost, so that the key stops outliving its TTL for the order.
+-- An order someone else settled first leaves `held` saying whether its
+-- answer was stored on the key while this claim held it (Payrail's event
+-- ahead of Payrail's answer): the click then answers first; otherwise it
+-- stores the answer itself if it still can, or replays the taker's.
 CREATE OR REPLACE FUNCTION checkout_settle_claimed(
     p_user_id text, p_key text, p_claim_token bigint,
     p_status smallint, p_content_type text, p_location text, p_body bytea,
@@ -288,7 +292,6 @@ BEGIN
     FROM checkout_settle_order(p_user_id, p_order_id, p_order_status, p_charge_id,
                                p_decline_code, true) o;
     settled := FOUND;
-    held := false;
     IF settled THEN
         held := idempotency_store(p_user_id, p_key, p_claim_token,
                                   p_status, p_content_type, p_location, p_body,
@@ -296,6 +299,8 @@ BEGIN
         IF NOT held THEN
             PERFORM idempotency_settled(p_user_id, order_key, p_order_id::text, keep_answer);
         END IF;
+    ELSE
+        held := idempotency_answered_while_held(p_user_id, p_key, p_claim_token);
     END IF;
     RETURN NEXT;
 END

@@ -88,8 +88,64 @@ async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers(
         201 => assert!(zombie.replayed && zombie.body == taker.body),
         other => panic!("zombie answered {other}"),
     }
+    // The zombie settled the order first; the taker found it settled and
+    // stored its answer on the key it holds (not only in the answer
+    // cache): a retry is a replay.
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE response_status = 201")
+            .await,
+        1,
+        "the taker stored its answer"
+    );
     let replay = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert!(replay.replayed, "the key was answered: {}", replay.status);
     assert_eq!(replay.body, taker.body, "the stored answer is the taker's");
+    assert_eq!(app.charges().await.len(), 1);
+    assert_invariants(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_wakes_after_the_taker_answered_replays_the_takers_answer() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.lease_secs = 1;
+        s.payrail.timeout_ms = 10_000;
+    })
+    .await;
+    let seats = app.seed("show", 1, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    // Payrail charges at once and sits on the first request's answer alone.
+    app.set_faults(json!({"latency_ms": 2_500})).await;
+    let key = new_key();
+
+    let zombie = {
+        let request = app
+            .as_buyer(app.http.post(app.url("/orders")), "alice")
+            .header("Idempotency-Key", key.clone())
+            .body(order_body(&[hold], "pm_card_visa"));
+        tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    app.set_faults(json!({})).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The first request's lease is over: this one takes the key over,
+    // settles the order with the same charge and answers first.
+    let taker = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
+    assert_eq!((taker.status, taker.replayed), (201, false));
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE response_status = 201")
+            .await,
+        1,
+        "the taker stored its answer"
+    );
+
+    // Then the first request hears Payrail and finds the order settled:
+    // its claim was taken, so it gives the taker's answer as a replay.
+    let zombie = zombie.await.unwrap();
+    assert_eq!(
+        (zombie.status, zombie.replayed, &zombie.body),
+        (201, true, &taker.body),
+        "one click, one first answer"
+    );
     assert_eq!(app.charges().await.len(), 1);
     assert_invariants(&app).await;
 }

@@ -71,10 +71,13 @@ pub enum Done {
     /// The work's effect and this answer are durable together: committed by
     /// the work ([`Unit::store`](crate::Unit::store), then `finish`), or by
     /// whoever settled the effect the claim linked
-    /// ([`store_for_effect`](crate::store_for_effect)) while the work waited.
+    /// ([`store_for_effect`](crate::store_for_effect)) while the work waited
+    /// and this claim held the key.
     Stored(StoredResponse),
-    /// An answer that no durable effect stands behind (a refusal made before
-    /// anything was written): the engine stores it.
+    /// An answer the engine stores while the claim holds: one that no
+    /// durable effect stands behind (a refusal made before anything was
+    /// written), or that of an effect someone else settled, made from it as
+    /// it stands. A claim lost meanwhile gets what the key says now.
     Answer(StoredResponse),
     /// The claim was lost to a takeover before the answer could be stored.
     Fenced,

@@ -83,9 +83,15 @@ const CLAIM_PARAMS: usize = 6;
 /// body) and then arguments of its own, and returns `held` first. It
 /// records the outcome whoever holds the claim, then, only if it made the
 /// outcome, calls `idempotency_store($1, ..., $7)` last and returns what
-/// that returned as `held` (false otherwise). The outcome settles the
-/// effect, so the key forgets its link with the answer. The caller writes
-/// its call whole, as a constant: `SELECT * FROM name($1, ..., $n)`.
+/// that returned as `held`. When someone else made the outcome first, it
+/// returns `idempotency_answered_while_held($1, $2, $3)` as `held`: whether
+/// the key was answered from outside ([`store_for_effect`](crate::store_for_effect))
+/// while this claim held it, so that this request still gives the first
+/// answer; when not, the caller answers from the outcome as it stands
+/// ([`Done::Answer`](crate::Done::Answer)), stored only while the claim
+/// holds. The outcome settles the effect, so the key forgets its link with
+/// the answer. The caller writes its call whole, as a constant:
+/// `SELECT * FROM name($1, ..., $n)`.
 ///
 /// For an effect that is true whoever holds the claim (recording a
 /// decision that another system made, such as a payment's): the request

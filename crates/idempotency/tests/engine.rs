@@ -511,10 +511,11 @@ async fn one_call_steps(toy: &Toy) -> (Opening, Storing) {
              BEGIN
                  UPDATE bumps SET note = p_note;
                  GET DIAGNOSTICS noted = ROW_COUNT;
-                 held := false;
                  IF noted > 0 THEN
                      held := idempotency_store(p_user_id, p_key, p_claim_token,
                                                p_status, p_content_type, p_location, p_body);
+                 ELSE
+                     held := idempotency_answered_while_held(p_user_id, p_key, p_claim_token);
                  END IF;
                  RETURN NEXT;
              END $$;",

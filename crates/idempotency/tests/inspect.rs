@@ -176,8 +176,9 @@ async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
     assert_eq!(paying.state, KeyState::InProgress);
     assert_eq!(paying.effect.as_deref(), Some("effect-1"));
 
-    // Its answer, stored by whoever settled the effect, takes the claim
-    // with it: the token, the lease and the link.
+    // Its answer, stored by whoever settled the effect, takes the lease
+    // and the link with it; the token stays, to say whose claim it
+    // answered (`idempotency_answered_while_held`).
     toy.settle("effect-1", false).await;
     let paid = StoredResponse::new(201, "application/json", b"{\"paid\":true}".to_vec());
     let client = toy.pool.get().await.unwrap();
@@ -186,16 +187,16 @@ async fn a_key_shows_its_state_its_times_its_effect_and_its_answer() {
             .await
             .unwrap()
     );
-    let claim: (Option<i64>, Option<SystemTime>, Option<String>) = client
+    let claim: (bool, Option<SystemTime>, Option<String>) = client
         .query_one(
-            "SELECT claim_token, lease_expires_at, effect FROM idempotency_keys
+            "SELECT claim_token IS NOT NULL, lease_expires_at, effect FROM idempotency_keys
              WHERE user_id = 'alice' AND key = 'paying'",
             &[],
         )
         .await
         .map(|row| (row.get(0), row.get(1), row.get(2)))
         .unwrap();
-    assert_eq!(claim, (None, None, None), "an answered key keeps no claim");
+    assert_eq!(claim, (true, None, None), "an answered key keeps no lease");
     let paid_key = toy.show(DAY, "alice", "paying").await.unwrap();
     assert_eq!(paid_key.state, KeyState::Answered);
     assert_eq!(

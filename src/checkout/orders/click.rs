@@ -156,11 +156,14 @@ async fn resume(orders: &Orders, user_id: &str, effect: &str) -> Result<Order, C
 /// the key row last. A claim lost meanwhile stores nothing but leaves the
 /// order settled with Payrail's answer, as reconciliation would; whoever
 /// holds the key now answers from it. An order someone else settled first
-/// (Payrail's event, often ahead of Payrail's own answer, or
-/// reconciliation) had its answer stored on this key in the same
-/// transaction: it is still this request's first answer, not a replay, and
-/// made again from the order (which keeps the decline's reason), it is the
-/// stored answer byte for byte.
+/// is answered from the order as it stands (which keeps the decline's
+/// reason), the same bytes whoever makes them: when its answer was stored
+/// on this key while this claim held it (Payrail's event, often ahead of
+/// Payrail's own answer, or reconciliation), that is still this request's
+/// first answer, not a replay; otherwise (a holder this claim took the key
+/// from, or a taker that took it from this one, settled it) it is stored
+/// like any answer, fenced by the claim, and a request that lost the key
+/// gets the taker's answer as a replay: one click, one first answer.
 #[tracing::instrument(name = "settle order", skip_all)]
 async fn settle(
     orders: &Orders,
@@ -200,7 +203,11 @@ async fn settle(
             // Being canceled: its answer is stored when Payrail confirms.
             return Err(CheckoutError::Canceling);
         }
-        return Ok(Done::Stored(answer(&settled)));
+        let answered = answer(&settled);
+        return Ok(match fence {
+            Fence::Held => Done::Stored(answered),
+            Fence::Lost => Done::Answer(answered),
+        });
     }
     counted(&order);
     Ok(match fence {

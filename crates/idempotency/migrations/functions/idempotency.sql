@@ -154,9 +154,13 @@ $$;
 -- `p_claim_token` holds, or, for a settlement made outside any claim (a
 -- reconciliation job) with no token, while the key still links the effect
 -- `p_effect` that was settled. An answered key is never taken over, fenced
--- or resumed again, so its claim (the token and the lease) goes with the
--- write, and so does the link: the outcome settled the effect. False when
--- there was nothing to store on.
+-- or resumed again, so its lease goes with the write, and so does the
+-- link: the outcome settled the effect. So does the token of a claim that
+-- stored its own answer; an answer stored from outside keeps the token of
+-- the claim that held the key then, because that claim's request, when it
+-- finds its effect settled, still gives the key's first answer
+-- (`idempotency_answered_while_held`), and no other request does. False
+-- when there was nothing to store on.
 --
 -- `p_keep_answer`, from a caller that settled the linked effect in this
 -- same transaction, is what it would have told `idempotency_settled` (the
@@ -174,11 +178,32 @@ BEGIN
     UPDATE idempotency_keys
     SET response_status = p_status, response_content_type = p_content_type,
         response_location = p_location, response_body = p_body,
-        claim_token = NULL, lease_expires_at = NULL, effect = NULL,
+        claim_token = CASE WHEN p_claim_token IS NULL THEN claim_token END,
+        lease_expires_at = NULL, effect = NULL,
         keep_answer = coalesce(p_keep_answer, keep_answer)
     WHERE user_id = p_user_id AND key = p_key AND response_status IS NULL
       AND CASE WHEN p_claim_token IS NULL THEN effect = p_effect
                ELSE claim_token = p_claim_token END;
+    RETURN FOUND;
+END
+$$;
+
+-- Whether the key was answered from outside while the claim
+-- `p_claim_token` held it (a settlement that came ahead of the claim's
+-- own): then the answer is still that claim's to give first. A storing
+-- step that finds its outcome made by someone else returns this as
+-- `held` (`idempotency::Storing`). False for a claim that was taken over
+-- first: the taker gives the first answer, and this request a replay.
+CREATE OR REPLACE FUNCTION idempotency_answered_while_held(
+    p_user_id text, p_key text, p_claim_token bigint
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM idempotency_keys
+    WHERE user_id = p_user_id AND key = p_key
+      AND claim_token = p_claim_token AND response_status IS NOT NULL;
     RETURN FOUND;
 END
 $$;
