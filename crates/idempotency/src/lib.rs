@@ -194,7 +194,7 @@ engine! {
     pub use migrate::{migrate, replace_functions, HISTORY_TABLE};
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
-    pub use route::{hashtext, OpenPool, Route};
+    pub use route::{hashint4, hashtext, OpenPool, Route};
     pub use statement::{Opening, Storing};
     pub use unit::{store_for_effect, Committed, Unit};
     pub use wait::WaitOutcome;

@@ -12,11 +12,17 @@
 //! with the shards' placements from the catalog ([`Route::refresh`]). A
 //! route that is behind a shard's move still works, since any node runs any
 //! statement: it costs one more hop until the next refresh.
+//!
+//! A caller whose other rows are distributed by an integer of their own (a
+//! slot, co-located in one table's shards) routes those too
+//! ([`Route::with_slots`]): Citus places an integer by PostgreSQL's
+//! `hashint4` ([`hashint4`]).
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use deadpool_postgres::{BuildError, Pool};
+use deadpool_postgres::{BuildError, GenericClient, Pool};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::Row;
 
 use crate::error::Error;
 
@@ -29,19 +35,29 @@ pub type OpenPool = dyn Fn(&str, u16) -> Result<Pool, BuildError> + Send + Sync;
 pub struct Route {
     home: Pool,
     open: Option<Arc<OpenPool>>,
+    /// The table distributed by slot, if the caller has one.
+    slots_table: Option<&'static str>,
     shards: Arc<RwLock<Arc<Shards>>>,
 }
 
-/// The shards' ranges of hashes, ascending, each with the node that holds
-/// it; none on one PostgreSQL. Shard `i` holds the hashes from `starts[i]`
-/// to the next start.
+/// The shards of the buyers' rows and of the slots' rows, with the pools
+/// of the nodes that hold them; none on one PostgreSQL.
 #[derive(Default)]
 struct Shards {
-    starts: Vec<i32>,
-    nodes: Vec<usize>,
+    buyers: Ranges,
+    slots: Ranges,
     /// Each worker's address (`host:port`) and pool; `None` for the home
     /// server (a shard that the coordinator itself holds).
     pools: Vec<Option<(String, Pool)>>,
+}
+
+/// One table's shards: ranges of hashes, ascending, each with the index of
+/// the pool of the node that holds it. Shard `i` holds the hashes from
+/// `starts[i]` to the next start.
+#[derive(Default)]
+struct Ranges {
+    starts: Vec<i32>,
+    nodes: Vec<usize>,
 }
 
 impl From<Pool> for Route {
@@ -50,6 +66,7 @@ impl From<Pool> for Route {
         Self {
             home,
             open: None,
+            slots_table: None,
             shards: Arc::default(),
         }
     }
@@ -65,6 +82,16 @@ impl Route {
         }
     }
 
+    /// Routes the rows of `table` too, distributed by an integer slot
+    /// ([`slot_pool`](Self::slot_pool)), once [`refresh`](Self::refresh)
+    /// finds its shards.
+    pub fn with_slots(self, table: &'static str) -> Self {
+        Self {
+            slots_table: Some(table),
+            ..self
+        }
+    }
+
     /// The server of the configured URL: what spans the buyers, and every
     /// statement when there are no workers to go to.
     pub fn home(&self) -> &Pool {
@@ -73,19 +100,44 @@ impl Route {
 
     /// The pool for a statement on `user_id`'s rows.
     pub fn pool(&self, user_id: &str) -> Pool {
-        let shards = self.current();
-        match shards.node(user_id) {
-            Some((_, pool)) => pool.clone(),
-            None => self.home.clone(),
-        }
+        self.pool_of(|shards| shards.buyers.node(|| hashtext(user_id)))
     }
 
     /// The worker `user_id`'s statements go to, as `host:port`; `None`: the
     /// home server.
     pub fn worker(&self, user_id: &str) -> Option<String> {
-        self.current()
-            .node(user_id)
-            .map(|(address, _)| address.clone())
+        self.worker_of(|shards| shards.buyers.node(|| hashtext(user_id)))
+    }
+
+    /// The pool for a statement on the rows of `slot`.
+    pub fn slot_pool(&self, slot: i32) -> Pool {
+        self.pool_of(|shards| shards.slots.node(|| hashint4(slot)))
+    }
+
+    /// The worker the statements on `slot`'s rows go to, as `host:port`;
+    /// `None`: the home server.
+    pub fn slot_worker(&self, slot: i32) -> Option<String> {
+        self.worker_of(|shards| shards.slots.node(|| hashint4(slot)))
+    }
+
+    /// Whether the slots' table is spread over shards (hash-distributed):
+    /// only then does a new row of the caller's get a slot other than 0.
+    pub fn slots_spread(&self) -> bool {
+        !self.current().slots.starts.is_empty()
+    }
+
+    fn pool_of(&self, node: impl Fn(&Shards) -> Option<usize>) -> Pool {
+        let shards = self.current();
+        match node(&shards).and_then(|n| shards.pools[n].as_ref()) {
+            Some((_, pool)) => pool.clone(),
+            None => self.home.clone(),
+        }
+    }
+
+    fn worker_of(&self, node: impl Fn(&Shards) -> Option<usize>) -> Option<String> {
+        let shards = self.current();
+        let (address, _) = node(&shards).and_then(|n| shards.pools[n].as_ref())?;
+        Some(address.clone())
     }
 
     fn current(&self) -> Arc<Shards> {
@@ -119,19 +171,13 @@ impl Route {
             .await
             .map(|row| row.get::<_, i64>(0));
         let placed = match missing {
-            Ok(0) => client
-            .query(
-                "SELECT s.shardminvalue::int, p.groupid = 0, n.nodename, n.nodeport
-                   FROM pg_dist_shard s
-                   JOIN pg_dist_placement p USING (shardid)
-                   JOIN pg_dist_node n ON n.groupid = p.groupid
-                  WHERE s.logicalrelid = 'idempotency_keys'::regclass
-                    AND n.noderole = 'primary' AND n.isactive
-                  ORDER BY 1",
-                &[],
-            )
-            .await
-            .map(Some),
+            Ok(0) => match placements(&client, "idempotency_keys").await {
+                Ok(buyers) => match self.slots_table {
+                    Some(table) => placements(&client, table).await.map(|slots| Some((buyers, slots))),
+                    None => Ok(Some((buyers, Vec::new()))),
+                },
+                Err(error) => Err(error),
+            },
             Ok(missing) => {
                 tracing::warn!(
                     missing,
@@ -143,50 +189,84 @@ impl Route {
             Err(error) => Err(error),
         };
         drop(client);
-        let placed = match placed {
-            Ok(Some(rows)) => rows,
-            Ok(None) => Vec::new(),
+        let (buyers, slots) = match placed {
+            Ok(Some(placed)) => placed,
+            Ok(None) => (Vec::new(), Vec::new()),
             // No Citus catalog, or no key table yet: one server.
             Err(error) if error.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(0),
             Err(error) => return Err(error.into()),
         };
         let known = self.current();
         let mut shards = Shards::default();
-        for row in placed {
-            let start: i32 = row.get(0);
-            // A shard placed twice (a replica) goes to its first placement.
-            if shards.starts.last() == Some(&start) {
-                continue;
-            }
-            // A port that is not one (the catalog's is an integer) leaves
-            // the shard to the home server, which reaches every node.
-            let worker = match (row.get::<_, bool>(1), u16::try_from(row.get::<_, i32>(3))) {
-                (false, Ok(port)) => Some((row.get::<_, String>(2), port)),
-                _ => None,
-            };
-            let node = shards.node_of(worker, &known, open.as_ref())?;
-            shards.starts.push(start);
-            shards.nodes.push(node);
-        }
+        shards.buyers = shards.ranges(buyers, &known, open.as_ref())?;
+        shards.slots = shards.ranges(slots, &known, open.as_ref())?;
         let workers = shards.pools.iter().flatten().count();
         *self.shards.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shards);
         Ok(workers)
     }
 }
 
-impl Shards {
-    /// The worker of `user_id`'s shard; `None` for the home server.
-    fn node(&self, user_id: &str) -> Option<&(String, Pool)> {
+/// The shards of `table` (hash-distributed), each with the first node
+/// that holds it: the range's start, whether the node is the coordinator,
+/// and its address.
+async fn placements(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT s.shardminvalue::int, p.groupid = 0, n.nodename, n.nodeport
+               FROM pg_dist_shard s
+               JOIN pg_dist_partition d ON d.logicalrelid = s.logicalrelid AND d.partmethod = 'h'
+               JOIN pg_dist_placement p USING (shardid)
+               JOIN pg_dist_node n ON n.groupid = p.groupid
+              WHERE s.logicalrelid = $1::text::regclass
+                AND n.noderole = 'primary' AND n.isactive
+              ORDER BY 1",
+        )
+        .await?;
+    client.query(&statement, &[&table]).await
+}
+
+impl Ranges {
+    /// The index of the pool of the shard that holds `hash`; `None` for
+    /// the home server.
+    fn node(&self, hash: impl FnOnce() -> i32) -> Option<usize> {
         // One server: nothing to hash on every call of the click path.
         if self.starts.is_empty() {
             return None;
         }
-        let hash = hashtext(user_id);
+        let hash = hash();
         let shard = self
             .starts
             .partition_point(|&start| start <= hash)
             .checked_sub(1)?;
-        self.pools[self.nodes[shard]].as_ref()
+        Some(self.nodes[shard])
+    }
+}
+
+impl Shards {
+    /// The ranges of the shards `placed` ([`placements`]), with a pool for
+    /// each node not seen yet.
+    fn ranges(&mut self, placed: Vec<Row>, known: &Shards, open: &OpenPool) -> Result<Ranges, Error> {
+        let mut ranges = Ranges::default();
+        for row in placed {
+            let start: i32 = row.try_get(0)?;
+            // A shard placed twice (a replica) goes to its first placement.
+            if ranges.starts.last() == Some(&start) {
+                continue;
+            }
+            // A port that is not one (the catalog's is an integer) leaves
+            // the shard to the home server, which reaches every node.
+            let worker = match (row.try_get::<_, bool>(1)?, u16::try_from(row.try_get::<_, i32>(3)?)) {
+                (false, Ok(port)) => Some((row.try_get::<_, String>(2)?, port)),
+                _ => None,
+            };
+            let node = self.node_of(worker, known, open)?;
+            ranges.starts.push(start);
+            ranges.nodes.push(node);
+        }
+        Ok(ranges)
     }
 
     /// The index of `worker`'s pool (`None`: the home server), added when
@@ -243,6 +323,16 @@ pub fn hashtext(text: &str) -> i32 {
     b = b.wrapping_add(word(&tail[4..8]));
     // The lowest byte of `c` is the length's: the last bytes go above it.
     c = c.wrapping_add(word(&tail[8..12]) << 8);
+    finish(&mut a, &mut b, &mut c);
+    c as i32
+}
+
+/// PostgreSQL's `hashint4` of an integer (`hash_bytes_uint32`: lookup3's
+/// `final` over the one word). Citus places a row of a table distributed by
+/// an integer column by this hash.
+pub fn hashint4(value: i32) -> i32 {
+    let seed = 0x9e37_79b9_u32.wrapping_add(4).wrapping_add(3_923_095);
+    let (mut a, mut b, mut c) = (seed.wrapping_add(value as u32), seed, seed);
     finish(&mut a, &mut b, &mut c);
     c as i32
 }
