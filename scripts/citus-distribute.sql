@@ -9,16 +9,22 @@
 -- so does the outbox of order events (`order_events`), which the
 -- settlement writes with the order.
 --
--- The seat side (events, seats, holds) stays on the coordinator. A seat is
--- contended by every buyer, so it cannot live on a buyer's shard; as a
--- reference table, every write of a hold or an order takes a lock on the
--- whole table on every node (another buyer waited 3.1 s behind one open
--- order); distributed by seat, the order statement and the seat map can no
--- longer be planned. They are Citus-managed local tables, not plain ones:
--- Citus then knows when a transaction wrote them, and a keyed hold (hold
--- and answer) or a settlement (order, holds, answer) commits on the
--- coordinator and the worker with two-phase commit, all or nothing
--- (docs/decisions/0006-citus-seat-side.md).
+-- The seat side is the events': `events`, `seats` and `holds` are
+-- distributed by the event's `slot` (migrations/V18), co-located, so that a
+-- seat's exclusion constraint, a buyer's hold cap on an event and an
+-- event's seat map are each decided on one shard of one worker, and the
+-- hold's function goes there whole, delegated by the slot. Every key of
+-- theirs leads with the slot: the primary keys, a seat's label, the
+-- exclusion constraint and the foreign keys from holds to seats to events,
+-- which Citus keeps within a shard group. A click's two steps then commit
+-- on the buyer's worker and the event's, with a two-phase commit that one
+-- of them coordinates when they differ
+-- (docs/decisions/0018-seat-side-by-event.md).
+--
+-- A cluster laid out before that (the seat side as Citus-managed local
+-- tables on the coordinator, decisions/0006) is left as it is, said in a
+-- NOTICE: it keeps working, every slot 0, with its seat side on the
+-- coordinator.
 DO $$
 DECLARE
     signature text;
@@ -35,6 +41,42 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'order_events'::regclass) THEN
         PERFORM create_distributed_table('order_events', 'user_id', colocate_with => 'orders');
+    END IF;
+    -- The seat side, by slot, before the functions: the hold's is
+    -- delegated by its slot, co-located with the holds.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN
+        ALTER TABLE holds DROP CONSTRAINT holds_seat_id_fkey;
+        ALTER TABLE seats DROP CONSTRAINT seats_event_id_fkey;
+        ALTER TABLE holds DROP CONSTRAINT holds_pkey, ADD PRIMARY KEY (slot, hold_id);
+        ALTER TABLE holds DROP CONSTRAINT holds_one_per_seat,
+            ADD CONSTRAINT holds_one_per_seat EXCLUDE USING gist (
+                slot WITH =,
+                seat_id WITH =,
+                tstzrange(created_at, CASE WHEN order_id IS NULL THEN expires_at ELSE 'infinity' END) WITH &&
+            );
+        ALTER TABLE seats DROP CONSTRAINT seats_pkey, ADD PRIMARY KEY (slot, seat_id);
+        ALTER TABLE seats DROP CONSTRAINT seats_event_id_label_key,
+            ADD CONSTRAINT seats_event_id_label_key UNIQUE (slot, event_id, label);
+        ALTER TABLE events DROP CONSTRAINT events_pkey, ADD PRIMARY KEY (slot, event_id);
+        ALTER TABLE seats ADD CONSTRAINT seats_event_id_fkey
+            FOREIGN KEY (slot, event_id) REFERENCES events (slot, event_id);
+        ALTER TABLE holds ADD CONSTRAINT holds_seat_id_fkey
+            FOREIGN KEY (slot, seat_id) REFERENCES seats (slot, seat_id);
+        PERFORM create_distributed_table('events', 'slot');
+        PERFORM create_distributed_table('seats', 'slot', colocate_with => 'events');
+        PERFORM create_distributed_table('holds', 'slot', colocate_with => 'events');
+    ELSIF EXISTS (SELECT 1 FROM pg_dist_partition
+                  WHERE logicalrelid = 'holds'::regclass AND partmethod = 'n') THEN
+        RAISE NOTICE 'the seat side is on the coordinator (the layout of decisions/0006): left as it is';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_dist_partition
+               WHERE logicalrelid = 'holds'::regclass AND partmethod = 'h')
+       AND NOT EXISTS (SELECT 1 FROM pg_dist_object
+                       WHERE objid = 'checkout_place_hold(integer,bigint,text,float8,bigint)'::regprocedure
+                         AND distribution_argument_index IS NOT NULL) THEN
+        PERFORM create_distributed_function(
+            'checkout_place_hold(integer,bigint,text,float8,bigint)'::regprocedure, '$1',
+            colocate_with => 'holds');
     END IF;
     -- The claim runs whole on the worker that holds the buyer's shard: its
     -- first argument is the key's `user_id`. So do what it calls there:
@@ -72,14 +114,5 @@ BEGIN
     LOOP
         PERFORM create_distributed_function(signature::regprocedure);
     END LOOP;
-    -- The seat side, with seats and events by their foreign keys.
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'holds'::regclass) THEN
-        PERFORM citus_add_local_table_to_metadata('holds', cascade_via_foreign_keys => true);
-        -- Citus restarts the identity sequences of a table it takes over.
-        PERFORM setval(pg_get_serial_sequence('holds', 'hold_id'), max(hold_id)) FROM holds
-            HAVING max(hold_id) IS NOT NULL;
-        PERFORM setval(pg_get_serial_sequence('seats', 'seat_id'), max(seat_id)) FROM seats
-            HAVING max(seat_id) IS NOT NULL;
-    END IF;
 END
 $$;

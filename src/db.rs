@@ -206,7 +206,9 @@ fn pool_on(
 
 /// Where each buyer's statements go: with `database.route_to_workers`, to
 /// the worker of the buyer's shard once [`Route::refresh`] has read the
-/// cluster's shards (nowhere else on one PostgreSQL), else to `home`.
+/// cluster's shards (nowhere else on one PostgreSQL), else to `home`; and
+/// each statement on a seat or a hold, to the worker of its slot's shard
+/// of `holds` (with `seats` and `events`, co-located).
 /// A worker's pool is made like `home`'s, on the worker's address.
 pub fn route(settings: &DatabaseSettings, home: Pool) -> Result<Route, DbError> {
     if !settings.route_to_workers {
@@ -217,7 +219,7 @@ pub fn route(settings: &DatabaseSettings, home: Pool) -> Result<Route, DbError> 
     let open = move |host: &str, port: u16| {
         pool_on(&settings, on_worker(&config, host, port), tls.clone())
     };
-    Ok(Route::to_workers(home, Arc::new(open)))
+    Ok(Route::to_workers(home, Arc::new(open)).with_slots("holds"))
 }
 
 /// `config`'s connection settings on another server: the URL's user,

@@ -300,8 +300,8 @@ async fn seat_map_events(bench: &Bench) -> Vec<String> {
     }
     client
         .execute(
-            "INSERT INTO holds (seat_id, user_id, expires_at)
-             SELECT seat_id, $2, now() + interval '2 hours' FROM seats
+            "INSERT INTO holds (slot, seat_id, user_id, expires_at)
+             SELECT slot, seat_id, $2, now() + interval '2 hours' FROM seats
              WHERE event_id = ANY ($1) AND seat_id % 2 = 0",
             &[&events, &"map-holder"],
         )

@@ -6,11 +6,11 @@
 --
 -- A click's writing steps are functions because they touch both the
 -- buyer's rows (`orders`, `order_events`, `idempotency_keys`) and the seat
--- side (`holds`, `seats`). On Citus the buyer's rows live on a worker and
--- the seat side on the coordinator (scripts/citus-distribute.sql): in a
--- function each statement goes whole to the node of its rows, and the
--- commit spans the coordinator and the buyer's worker alone, where one CTE
--- over both was planned as subplans sent to every worker. On one
+-- side (`holds`, `seats`). On Citus the buyer's rows live on the buyer's
+-- shard and the seat side on its event's (scripts/citus-distribute.sql):
+-- in a function each statement goes whole to the node of its rows, and
+-- the commit spans those two workers alone, where one CTE over both was
+-- planned as subplans sent to every worker. On one
 -- PostgreSQL each step is one call, one round trip and one commit. The
 -- key's own writes are the engine's functions
 -- (crates/idempotency/migrations/functions/idempotency.sql).

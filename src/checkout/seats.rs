@@ -66,7 +66,10 @@ pub struct SeedSummary {
 /// life left of an unordered hold, in seconds of the database's clock: the
 /// snapshot is not kept past the first expiry, which changes the map with
 /// no statement. `holder`, `hold_id` and `expires_at` name such a hold's
-/// buyer and the hold, so that its holder's view needs no statement.
+/// buyer and the hold, so that its holder's view needs no statement. Every
+/// table's slot is the parameter itself, the lateral one's too: on Citus
+/// that is what prunes the statement to the slot's one shard (compared with
+/// the seat's column, every shard of the holds was asked).
 pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
         CASE WHEN h.sold THEN 'sold'
              WHEN h.hold_id IS NOT NULL THEN 'held'
@@ -78,7 +81,7 @@ pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
         CASE WHEN h.order_id IS NULL THEN h.expires_at END AS expires_at
  FROM seats s
  LEFT JOIN LATERAL (SELECT hold_id, user_id, order_id, sold, expires_at FROM holds
-                    WHERE holds.slot = s.slot AND holds.seat_id = s.seat_id
+                    WHERE holds.slot = $2 AND holds.seat_id = s.seat_id
                       AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                     LIMIT 1) h ON true
  WHERE s.slot = $2 AND s.event_id = $1
@@ -91,7 +94,7 @@ pub const SEAT_MAP_STATEMENT: &str = "SELECT s.seat_id, s.label, s.price_cents,
 pub const OWN_HOLDS_STATEMENT: &str = "SELECT h.seat_id, h.hold_id, h.expires_at
  FROM holds h
  JOIN seats s ON s.slot = h.slot AND s.seat_id = h.seat_id
- WHERE h.slot = $3 AND h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
+ WHERE h.slot = $3 AND s.slot = $3 AND h.user_id = $1 AND h.order_id IS NULL AND h.expires_at > now()
    AND s.event_id = $2";
 
 /// A seat as the snapshot has it, and its unordered hold (if any): when it
@@ -101,6 +104,17 @@ pub(crate) struct ReadSeat {
     pub expires_in: Option<f64>,
     pub holder: Option<String>,
     pub hold: Option<YourHold>,
+}
+
+/// The slots the event `event_id` may be in, the likelier first: on a
+/// seat side spread by slot (Citus), 12 bits of the hash of its id, as
+/// `checkout_event_slot` gives a new event; then 0, every event's slot on
+/// one PostgreSQL and that of an event made before the spread.
+pub(crate) fn slots_of_event(spread: bool, event_id: &str) -> impl Iterator<Item = i32> {
+    let hashed = idempotency::hashtext(event_id) & 4095;
+    std::iter::once(hashed)
+        .filter(move |&slot| spread && slot != 0)
+        .chain(std::iter::once(0))
 }
 
 /// Every seat of the event of slot `slot` as everyone sees it (`your_hold`
@@ -331,7 +345,7 @@ pub async fn counts(
                     count(*) FILTER (WHERE h.sold) AS sold
              FROM seats s
              LEFT JOIN LATERAL (SELECT seat_id, sold FROM holds
-                                WHERE holds.slot = s.slot AND holds.seat_id = s.seat_id
+                                WHERE holds.slot = $1 AND holds.seat_id = s.seat_id
                                   AND (holds.order_id IS NOT NULL OR holds.expires_at > now())
                                 LIMIT 1) h ON true
              WHERE s.slot = $1 AND s.event_id = $2",

@@ -8,6 +8,7 @@ use idempotency::{actix, StoredResponse};
 use super::problem::answered;
 use super::{body, seats, AppState, Buyer};
 use crate::checkout::holds::{self, Hold};
+use crate::checkout::slot_of;
 use crate::problem::{answer_or_fail, Problem};
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -61,10 +62,14 @@ pub async fn create(
     let request: HoldRequest = body::json(&bytes)?;
     let answered = match key {
         Some(key) => {
-            // The hold's unit runs where the holds are (the coordinator, on
-            // a cluster): the buyer's lock per event that bounds its holds
-            // is an advisory lock, which only that node's transactions see.
-            let (pool, policy) = (&state.pool, state.holds);
+            // The hold's unit runs where the seat's holds are (the worker
+            // of its slot, on a cluster): the buyer's lock per event that
+            // bounds its holds is an advisory lock, which only that node's
+            // transactions see.
+            let (pool, policy) = (
+                &state.route.slot_pool(slot_of(request.seat_id)),
+                state.holds,
+            );
             actix::run(
                 &state.engine,
                 buyer.0.as_str(),
@@ -98,7 +103,7 @@ async fn place_unkeyed(
         .limit
         .take(buyer.0.as_str())
         .map_err(|retry_after| Problem::RateLimited { retry_after })?;
-    let client = state.pool.get().await?;
+    let client = state.route.slot_pool(slot_of(seat_id)).get().await?;
     let hold = holds::place(&client, buyer.0.as_str(), seat_id, state.holds).await?;
     Ok(idempotency::actix::response_of(&answer(&hold), false))
 }
@@ -133,7 +138,7 @@ pub async fn release(
 ) -> Result<HttpResponse, Problem> {
     let not_found = || Problem::NotFound("there is no such hold of yours that can be released");
     let hold_id: i64 = hold_id.parse().map_err(|_| not_found())?;
-    let client = state.pool.get().await?;
+    let client = state.route.slot_pool(slot_of(hold_id)).get().await?;
     let released = holds::release(&client, buyer.0.as_str(), hold_id).await?;
     drop(client);
     if !released {

@@ -70,7 +70,7 @@ pub async fn seat_map(
 ) -> Result<HttpResponse, Problem> {
     let map = state
         .seat_maps
-        .view(&state.pool, &event_id, &buyer.0)
+        .view(&state.route, &event_id, &buyer.0)
         .await?
         .ok_or(Problem::NotFound("there is no event with this id"))?;
     Ok(respond(&req, &map))

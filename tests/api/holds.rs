@@ -288,7 +288,7 @@ async fn seats_in_an_order_waiting_for_its_payment_count_toward_the_limit() {
     let client = app.db.client().await;
     let given_back: Vec<i64> = client
         .query(
-            "SELECT h.hold_id FROM holds h JOIN seats s USING (seat_id)
+            "SELECT h.hold_id FROM holds h JOIN seats s USING (slot, seat_id)
              WHERE h.user_id = 'mallory' AND s.event_id = 'show' ORDER BY h.hold_id",
             &[],
         )

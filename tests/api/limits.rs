@@ -98,15 +98,7 @@ async fn a_click_past_the_limit_is_refused_without_a_statement() {
     assert_eq!(held.status, 201);
 
     // The database takes no connection any more, and the instance's are cut.
-    let maintenance = test_support::db::connect(&test_support::db::maintenance_url()).await;
-    maintenance
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
-            name = app.db.name
-        ))
-        .await
-        .unwrap();
+    app.db.close().await;
 
     let refused = Seen::of(app.post_hold("mallory", seats[1], Some(&new_key())).await).await;
     assert_eq!(

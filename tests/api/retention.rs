@@ -66,11 +66,11 @@ async fn rows_past_their_retention_go_and_every_other_row_stays() {
     execute(
         &app,
         &format!(
-            "INSERT INTO holds (seat_id, user_id, created_at, expires_at)
-             SELECT {}, 'crowd-' || g, now() - interval '2 days' - g * interval '1 minute',
+            "INSERT INTO holds (slot, seat_id, user_id, created_at, expires_at)
+             SELECT {seat} >> 40, {seat}, 'crowd-' || g, now() - interval '2 days' - g * interval '1 minute',
                     now() - interval '2 days' - g * interval '1 minute' + interval '30 s'
              FROM generate_series(1, {EXPIRED_LONG_AGO}) g",
-            seats[0]
+            seat = seats[0]
         ),
     )
     .await;
@@ -78,9 +78,9 @@ async fn rows_past_their_retention_go_and_every_other_row_stays() {
     execute(
         &app,
         &format!(
-            "INSERT INTO holds (seat_id, user_id, created_at, expires_at)
-             VALUES ({}, 'recent', now() - interval '2 hours', now() - interval '1 hour')",
-            seats[1]
+            "INSERT INTO holds (slot, seat_id, user_id, created_at, expires_at)
+             VALUES ({seat} >> 40, {seat}, 'recent', now() - interval '2 hours', now() - interval '1 hour')",
+            seat = seats[1]
         ),
     )
     .await;
@@ -219,11 +219,11 @@ async fn one_instance_deletes_at_a_time_and_a_stop_ends_a_run_between_batches() 
     execute(
         &app,
         &format!(
-            "INSERT INTO holds (seat_id, user_id, created_at, expires_at)
-             SELECT {}, 'crowd', now() - interval '2 days' - g * interval '1 minute',
+            "INSERT INTO holds (slot, seat_id, user_id, created_at, expires_at)
+             SELECT {seat} >> 40, {seat}, 'crowd', now() - interval '2 days' - g * interval '1 minute',
                     now() - interval '2 days' - g * interval '1 minute' + interval '30 s'
              FROM generate_series(1, {EXPIRED_LONG_AGO}) g",
-            seats[0]
+            seat = seats[0]
         ),
     )
     .await;

@@ -1,26 +1,30 @@
-//! Where a buyer's statements go. The service's route
-//! (`database.route_to_workers`) sends them to the worker of the buyer's
-//! shard, found by PostgreSQL's `hashtext`: checked against the server's
-//! hash on both profiles and against Citus's placements on the cluster.
+//! Where a buyer's statements go, and a seat's. The service's route
+//! (`database.route_to_workers`) sends a buyer's to the worker of the
+//! buyer's shard, found by PostgreSQL's `hashtext`, and a seat's or a
+//! hold's to the worker of its slot's shard, found by `hashint4`: both
+//! checked against the server's hash on both profiles and against Citus's
+//! placements on the cluster.
 //!
-//! Through the coordinator (the route's home, and every statement with
-//! `route_to_workers = false`), on the Citus profile
-//! (`STAGEDOOR_TEST_CITUS=1`): which nodes a click's
-//! routed statements reach, read from what the coordinator sends them
+//! On the Citus profile (`STAGEDOOR_TEST_CITUS=1`): which nodes a click's
+//! statements reach, read from what the node they are sent to sends on
 //! (`citus.log_remote_commands`, one notice per command, naming the node).
-//! The claim (the engine's `idempotency_claim`), the key's read without a
-//! claim, the answer stored for a settled order (an event's or
-//! reconciliation's) and `GET /orders/{id}`'s load must each be one
-//! command, on the worker that holds the buyer's shard, with no transaction
-//! around it (no `BEGIN`, no `PREPARE TRANSACTION`) and no step joined on
-//! the coordinator. The steps that also write the coordinator's seat side
-//! (the keyed hold, the order, its settlement) may commit in two phases,
-//! but with the buyer's worker alone: no command to any other worker and
-//! no intermediate result; an order event's lease (with its order's read)
-//! and its delivery's mark reach that worker alone too. On one PostgreSQL there is no other node to
-//! reach: each test says so and checks nothing, but for the layout the
-//! service reads (`idempotency::Layout`), which must be `Single` there and
-//! `Distributed` on the cluster: it picks the statements checked here.
+//! Through the coordinator (the route's home, and every statement with
+//! `route_to_workers = false`): the claim (the engine's
+//! `idempotency_claim`), the key's read without a claim, the answer stored
+//! for a settled order (an event's or reconciliation's) and `GET
+//! /orders/{id}`'s load must each be one command, on the worker that holds
+//! the buyer's shard, with no transaction around it (no `BEGIN`, no
+//! `PREPARE TRANSACTION`), and so must a seat map's read, on the event's
+//! worker. The steps that write both the event's seat side and the
+//! buyer's rows (the keyed hold, the order, its settlement) commit in two
+//! phases on those two workers alone, with no intermediate result; an
+//! order event's lease (with its order's read) and its delivery's mark
+//! reach the buyer's worker alone. As the service sends them, from the
+//! buyer's worker or the event's, a click reaches the other one of the two
+//! alone, and never the coordinator. On one PostgreSQL there is no other
+//! node to reach: each test says so and checks nothing, but for the layout
+//! the service reads (`idempotency::Layout`), which must be `Single` there
+//! and `Distributed` on the cluster: it picks the statements checked here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +38,7 @@ use secrecy::ExposeSecret;
 use stagedoor_checkout::checkout::holds::{self, Hold, HoldPolicy};
 use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{self, outbox, settle, NewOrder, Orders, Settlement};
+use stagedoor_checkout::checkout::seats;
 use stagedoor_checkout::db;
 use stagedoor_checkout::payrail::{self, ChargeOutcome};
 use test_support::db::TestDatabase;
@@ -51,6 +56,12 @@ use crate::helpers::{new_key, spawn_app, TestApp};
 const PLACEMENT: &str = "SELECT nodename || ':' || nodeport FROM citus_shards
     WHERE table_name = 'idempotency_keys'::regclass
       AND shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)";
+
+/// The worker ("host:port") that holds the shard of the holds of a slot
+/// (`$1`), as Citus placed it.
+const SLOT_PLACEMENT: &str = "SELECT nodename || ':' || nodeport FROM citus_shards
+    WHERE table_name = 'holds'::regclass
+      AND shardid = get_shard_id_for_distribution_column('holds', $1::int)";
 
 /// Connections to the app's database that record every command the
 /// coordinator sends to a worker, as `(node "host:port", command)`: `client`
@@ -126,6 +137,14 @@ impl Watched {
         std::iter::from_fn(|| self.commands.try_recv().ok()).collect()
     }
 
+    /// Watches what the worker `node` ("host:port") sends, from the app's
+    /// database there.
+    async fn on(app: &TestApp, node: &str) -> Self {
+        let (host, port) = node.rsplit_once(':').expect("host:port");
+        let port = port.parse().expect("a port");
+        Self::open_at(&test_support::citus::on_node(&app.db.url, host, port)).await
+    }
+
     /// The worker ("host:port") that holds `user_id`'s shard of the keys.
     async fn worker_of(&mut self, user_id: &str) -> String {
         let row = self
@@ -135,6 +154,39 @@ impl Watched {
             .expect("the shard's placement");
         self.sent();
         row.get(0)
+    }
+
+    /// The worker ("host:port") that holds `slot`'s shard of the holds.
+    async fn worker_of_slot(&mut self, slot: i32) -> String {
+        let row = self
+            .client
+            .query_one(SLOT_PLACEMENT, &[&slot])
+            .await
+            .expect("the shard's placement");
+        self.sent();
+        row.get(0)
+    }
+
+    /// An event of `seats` seats whose slot is on another worker than
+    /// `buyers` (so that a click spans two workers): its id, its slot, its
+    /// worker and its seats.
+    async fn event_away_from(
+        &mut self,
+        app: &TestApp,
+        buyers: &str,
+        seats: u32,
+    ) -> (String, i32, String, Vec<i64>) {
+        for n in 0.. {
+            let event = format!("away-{n}");
+            let slot = idempotency::hashtext(&event) & 4095;
+            let worker = self.worker_of_slot(slot).await;
+            if worker != buyers {
+                let seats = app.seed(&event, seats, 4_500).await;
+                self.sent();
+                return (event, slot, worker, seats);
+            }
+        }
+        unreachable!("an event on another worker")
     }
 }
 
@@ -154,18 +206,22 @@ fn assert_routed(what: &str, sent: &[(String, String)], worker: &str, names: &st
     }
 }
 
-/// Every command on `worker`, none of them an intermediate result, and
-/// `commits` two-phase commits: a step that writes the coordinator's seat
-/// side and the buyer's rows, committed on those two nodes alone.
-fn assert_on_one_worker(
+/// Every command on one of `workers`, none of them an intermediate
+/// result, and `commits` two-phase commits (a `PREPARE TRANSACTION` to
+/// each other node in one): a step that writes the event's seat side and
+/// the buyer's rows, committed on those two nodes alone.
+fn assert_on_workers(
     what: &str,
     sent: &[(String, String)],
-    worker: &str,
+    workers: &[&str],
     names: &[&str],
     commits: usize,
 ) {
     for (node, command) in sent {
-        assert_eq!(node, worker, "{what}: only the buyer's worker: {command}");
+        assert!(
+            workers.contains(&node.as_str()),
+            "{what}: only {workers:?}, not {node}: {command}"
+        );
         assert!(
             !command.contains("read_intermediate_result"),
             "{what}: a subplan's result in {command}"
@@ -253,6 +309,30 @@ async fn the_routes_hash_is_the_servers_hashtext() {
     assert_eq!(ours.len(), texts.len());
 }
 
+/// Citus places a slot (an integer) by `hashint4`: every slot an event can
+/// have, and the integers' edges.
+#[tokio::test]
+async fn the_routes_integer_hash_is_the_servers_hashint4() {
+    let values: Vec<i32> = (0..4096).chain([-1, i32::MIN, i32::MAX]).collect();
+    let db = TestDatabase::create().await;
+    let servers: Vec<i32> = db
+        .client()
+        .await
+        .query(
+            "SELECT hashint4(v) FROM unnest($1::int[]) WITH ORDINALITY AS u(v, n) ORDER BY n",
+            &[&values],
+        )
+        .await
+        .expect("the server's hashes")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(servers.len(), values.len());
+    for (value, server) in values.iter().zip(&servers) {
+        assert_eq!(idempotency::hashint4(*value), *server, "hashint4({value})");
+    }
+}
+
 /// With `database.route_to_workers` (the default), each buyer's
 /// statements go to the worker Citus placed the buyer's shard on, for
 /// every one of 300 buyers, until a function is missing on the workers;
@@ -268,6 +348,8 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
     if !test_support::citus::enabled() {
         assert_eq!(workers, 0);
         assert_eq!(route.worker("alice"), None);
+        assert_eq!(route.slot_worker(7), None);
+        assert!(!route.slots_spread());
         return;
     }
     let nodes: i64 = client
@@ -285,6 +367,26 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
             .get(0);
         assert_eq!(route.worker(&buyer), Some(placed), "{buyer}");
     }
+    // Every slot an event can have goes to the worker of its holds' shard.
+    assert!(route.slots_spread());
+    let placed: Vec<String> = client
+        .query(
+            "SELECT nodename || ':' || nodeport FROM generate_series(0, 4095) AS slot,
+                    LATERAL (SELECT nodename, nodeport FROM citus_shards
+                              WHERE table_name = 'holds'::regclass
+                                AND shardid = get_shard_id_for_distribution_column('holds', slot)) p
+              ORDER BY slot",
+            &[],
+        )
+        .await
+        .expect("the slots' placements")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(placed.len(), 4096);
+    for (slot, placed) in (0..).zip(placed) {
+        assert_eq!(route.slot_worker(slot), Some(placed), "slot {slot}");
+    }
     // A function the workers lack (made where Citus does not copy it)
     // sends every statement through the coordinator, which has it.
     client
@@ -298,6 +400,7 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
     drop(client);
     assert_eq!(route.refresh().await.expect("the shards' places"), 0);
     assert_eq!(route.worker("alice"), None);
+    assert_eq!(route.slot_worker(7), None);
     // Without the setting, everything goes through the coordinator.
     let mut settings = app.settings.database.clone();
     settings.route_to_workers = false;
@@ -406,32 +509,33 @@ async fn the_answer_of_a_settled_order_is_stored_on_the_buyers_worker() {
 }
 
 #[tokio::test]
-async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
+async fn a_checkouts_writing_steps_commit_on_the_buyers_and_the_events_workers_alone() {
     let Some((app, mut db, worker)) = watching_alice().await else {
         return;
     };
-    let seats = app.seed("routed", 2, 4_500).await;
-    // A keyed hold: the hold on the coordinator, its answer on the key.
+    let (_, slot, event_worker, seats) = db.event_away_from(&app, &worker, 2).await;
+    let both = [worker.as_str(), event_worker.as_str()];
+    // A seat map's read: one command, on the event's worker.
+    db.client
+        .query(seats::SEAT_MAP_STATEMENT, &[&"nothing", &slot])
+        .await
+        .expect("a seat map");
+    assert_routed("a seat map", &db.sent(), &event_worker, "seats");
+
+    // A keyed hold: the hold on the event's worker, its answer on the key.
     let keyed = claim(&db.pool).await;
     db.sent();
-    fn hold_answer(hold: &Hold) -> StoredResponse {
-        StoredResponse::new(
-            201,
-            "application/json",
-            hold.hold_id.to_string().into_bytes(),
-        )
-    }
     let policy = HoldPolicy::from(&app.settings.holds);
     let done = holds::place_claimed(&db.pool, &keyed, seats[0], policy, hold_answer)
         .await
         .expect("the keyed hold");
     assert!(matches!(done, idempotency::Done::Stored(_)), "{done:?}");
-    assert_on_one_worker(
+    assert_on_workers(
         "the keyed hold",
         &db.sent(),
-        &worker,
-        &["idempotency_keys"],
-        1,
+        &both,
+        &["idempotency_keys", "holds_"],
+        2,
     );
 
     // The order and its settlement, with Payrail's charge between them.
@@ -439,16 +543,17 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     let paying = claim(&db.pool).await;
     db.sent();
     let (orders, order_id) = pay(&app, &db, &paying, hold_id).await;
-    assert_on_one_worker(
+    assert_on_workers(
         "the order and its settlement",
         &db.sent(),
-        &worker,
+        &both,
         &[
             "INSERT INTO public.orders_",
             "UPDATE public.orders_",
             "idempotency_keys",
+            "public.holds_",
         ],
-        2,
+        4,
     );
     assert_eq!(app.charges().await.len(), 1);
 
@@ -460,10 +565,10 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         .await
         .expect("the event's settlement");
     assert!(matches!(settled, Settlement::Already(_)), "{settled:?}");
-    assert_on_one_worker(
+    assert_on_workers(
         "a settlement outside the claim",
         &db.sent(),
-        &worker,
+        &[&worker],
         &["UPDATE public.orders_", "idempotency_keys"],
         0,
     );
@@ -481,10 +586,10 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
         .await
         .expect("the lease")
         .expect("the event is leased");
-    assert_on_one_worker(
+    assert_on_workers(
         "an event's lease",
         &db.sent(),
-        &worker,
+        &[&worker],
         &["UPDATE public.order_events_", "orders_"],
         0,
     );
@@ -494,35 +599,62 @@ async fn a_checkouts_writing_steps_commit_on_the_buyers_worker_alone() {
     assert_routed("an event's delivery", &db.sent(), &worker, "order_events");
 }
 
+fn hold_answer(hold: &Hold) -> StoredResponse {
+    StoredResponse::new(
+        201,
+        "application/json",
+        hold.hold_id.to_string().into_bytes(),
+    )
+}
+
 /// A claim of a new key of alice's, by a request that then stopped.
-/// As the service's route sends a click: to the worker of the buyer's
-/// shard. There the claim and an order's read send no command to any other
-/// node, and the order and its settlement send the coordinator their holds'
-/// statements alone, each step committed with one two-phase commit that the
-/// worker coordinates, with no other worker in it.
+/// As the service's route sends a click: its buyer's statements to the
+/// worker of the buyer's shard, its seat's to the worker of the event's.
+/// There the claim, an order's read and a seat map's send no command to
+/// any other node; the keyed hold sends the buyer's worker its key's
+/// statements alone, and the order and its settlement send the event's
+/// worker their holds' statements alone, each step committed with one
+/// two-phase commit that the worker it was sent to coordinates. None of it
+/// is sent to the coordinator.
 #[tokio::test]
-async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
-    let Some((app, _, worker)) = watching_alice().await else {
+async fn a_click_goes_between_the_buyers_and_the_events_workers_alone() {
+    let Some((app, mut coordinator, worker)) = watching_alice().await else {
         return;
     };
-    let config: tokio_postgres::Config = app.db.url.parse().expect("the database URL");
-    let coordinator = match (config.get_hosts(), config.get_ports()) {
-        ([tokio_postgres::config::Host::Tcp(host)], [port]) => format!("{host}:{port}"),
-        other => panic!("the coordinator's address: {other:?}"),
-    };
-    let (host, port) = worker.rsplit_once(':').expect("host:port");
-    let port = port.parse().expect("a port");
-    let mut db = Watched::open_at(&test_support::citus::on_node(&app.db.url, host, port)).await;
-    let seats = app.seed("from-worker", 1, 4_500).await;
-    let hold_id = app.hold("alice", seats[0]).await;
+    let (event, slot, event_worker, seats) = coordinator.event_away_from(&app, &worker, 2).await;
+    let mut buyers = Watched::on(&app, &worker).await;
+    let mut events = Watched::on(&app, &event_worker).await;
 
-    let paying = claim(&db.pool).await;
-    assert_eq!(db.sent(), [], "the claim, on the buyer's worker alone");
-    let (orders, order_id) = pay(&app, &db, &paying, hold_id).await;
-    assert_on_one_worker(
+    events
+        .client
+        .query(seats::SEAT_MAP_STATEMENT, &[&event, &slot])
+        .await
+        .expect("a seat map");
+    assert_eq!(events.sent(), [], "a seat map, on the event's worker alone");
+
+    let keyed = claim(&buyers.pool).await;
+    assert_eq!(buyers.sent(), [], "the claim, on the buyer's worker alone");
+    let policy = HoldPolicy::from(&app.settings.holds);
+    let done = holds::place_claimed(&events.pool, &keyed, seats[0], policy, hold_answer)
+        .await
+        .expect("the keyed hold");
+    assert!(matches!(done, idempotency::Done::Stored(_)), "{done:?}");
+    assert_on_workers(
+        "the keyed hold, from the event's worker",
+        &events.sent(),
+        &[&worker],
+        &["idempotency_keys"],
+        1,
+    );
+
+    let hold_id = app.hold("alice", seats[1]).await;
+    let paying = claim(&buyers.pool).await;
+    buyers.sent();
+    let (orders, order_id) = pay(&app, &buyers, &paying, hold_id).await;
+    assert_on_workers(
         "the order and its settlement, from the buyer's worker",
-        &db.sent(),
-        &coordinator,
+        &buyers.sent(),
+        &[&event_worker],
         &["public.holds_"],
         2,
     );
@@ -531,7 +663,7 @@ async fn from_the_buyers_worker_a_click_reaches_the_coordinator_alone() {
     let found = orders.find("alice", order_id).await.expect("the order");
     assert!(found.is_some(), "the order is found");
     assert_eq!(
-        db.sent(),
+        buyers.sent(),
         [],
         "an order's read, on the buyer's worker alone"
     );

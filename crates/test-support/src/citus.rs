@@ -93,6 +93,14 @@ pub(crate) async fn join(admin: &Client, maintenance: &str, name: &str, template
     }
 }
 
+/// Runs `sql` on every worker (`admin` lists them; `maintenance` is the
+/// URL it was opened with, whose database `sql` runs in).
+pub(crate) async fn on_every_worker(admin: &Client, maintenance: &str, sql: &str) {
+    for (host, port) in workers(admin).await {
+        execute(&on_node(maintenance, &host, port), sql).await;
+    }
+}
+
 /// Drops `name` from every worker (the coordinator's copy is the caller's).
 pub(crate) async fn leave(admin: &Client, maintenance: &str, name: &str) {
     for (host, port) in workers(admin).await {

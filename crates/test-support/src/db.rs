@@ -146,6 +146,24 @@ impl TestDatabase {
     pub fn pool(&self, max_size: usize) -> Pool {
         pool(&self.url, max_size)
     }
+
+    /// Takes no connection any more and cuts every open one, on every node
+    /// of a cluster: the database is gone for whoever uses it.
+    pub async fn close(&self) {
+        let close = format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+            name = self.name
+        );
+        let admin = connect(&self.maintenance).await;
+        admin
+            .batch_execute(&close)
+            .await
+            .unwrap_or_else(|e| panic!("closing {}: {e}", self.name));
+        if self.cluster {
+            crate::citus::on_every_worker(&admin, &self.maintenance, &close).await;
+        }
+    }
 }
 
 impl Drop for TestDatabase {

@@ -122,11 +122,26 @@ pub async fn violations(db: &tokio_postgres::Client, ledger: &[Value]) -> Vec<St
     }
 
     // A paid or pending order owns every hold it names; a declined or
-    // failed one gave them all back.
-    for (order_id, status, hold, owner) in sql::holds_not_owned_as_they_should(db).await {
-        found.push(format!(
-            "{status} order {order_id} names hold {hold:?}, which belongs to order {owner:?}"
-        ));
+    // failed one gave them all back; a hold is sold exactly when its order
+    // is paid. Matched here: the orders are the buyers' rows and the holds
+    // the events', distributed apart on a cluster.
+    let holds: HashMap<i64, (Option<String>, bool)> = sql::holds(db)
+        .await
+        .into_iter()
+        .map(|(hold, owner, sold)| (hold, (owner, sold)))
+        .collect();
+    for (order_id, status, named) in sql::orders_holds(db).await {
+        let owning = matches!(status.as_str(), "paid" | "payment_pending");
+        for hold in named {
+            let (owner, sold) = holds.get(&hold).cloned().unwrap_or((None, false));
+            let owned = owner.as_deref() == Some(order_id.as_str());
+            if owned != owning || (owned && sold != (status == "paid")) {
+                found.push(format!(
+                    "{status} order {order_id} names hold {hold}, which belongs to order \
+                     {owner:?} (sold: {sold})"
+                ));
+            }
+        }
     }
 
     // A stored answer of an order's key agrees with the order it made: a
@@ -250,30 +265,22 @@ pub mod sql {
     /// Pairs of live holds (or orders) of one seat: (seat, hold, hold).
     pub async fn seats_held_twice(db: &tokio_postgres::Client) -> Vec<(i64, i64, i64)> {
         let sql = "SELECT a.seat_id, a.hold_id, b.hold_id FROM holds a JOIN holds b
-                     ON a.seat_id = b.seat_id AND a.hold_id < b.hold_id
+                     ON a.slot = b.slot AND a.seat_id = b.seat_id AND a.hold_id < b.hold_id
                    WHERE (a.order_id IS NOT NULL OR a.expires_at > now())
                      AND (b.order_id IS NOT NULL OR b.expires_at > now())";
         rows(db, sql, |row| (row.get(0), row.get(1), row.get(2))).await
     }
 
-    /// Holds named by an order that the order does not own though it should
-    /// (paid or pending), or owns though it should not (declined, failed), or owns
-    /// as sold though it is not paid, or the other way round:
-    /// (order, its status, the hold, the hold's order).
-    pub async fn holds_not_owned_as_they_should(
-        db: &tokio_postgres::Client,
-    ) -> Vec<(String, String, Option<i64>, Option<String>)> {
-        let sql = "SELECT o.order_id::text, o.status, h.hold_id, h.order_id::text
-                   FROM orders o CROSS JOIN LATERAL unnest(o.hold_ids) AS named (hold_id)
-                   LEFT JOIN holds h ON h.hold_id = named.hold_id
-                   WHERE (o.status IN ('paid', 'payment_pending')
-                          AND h.order_id IS DISTINCT FROM o.order_id)
-                      OR (o.status IN ('declined', 'failed') AND h.order_id = o.order_id)
-                      OR (h.order_id = o.order_id AND h.sold <> (o.status = 'paid'))";
-        rows(db, sql, |row| {
-            (row.get(0), row.get(1), row.get(2), row.get(3))
-        })
-        .await
+    /// Every order's status and the holds it names: (order, status, holds).
+    pub async fn orders_holds(db: &tokio_postgres::Client) -> Vec<(String, String, Vec<i64>)> {
+        let sql = "SELECT order_id::text, status, hold_ids FROM orders";
+        rows(db, sql, |row| (row.get(0), row.get(1), row.get(2))).await
+    }
+
+    /// Every hold, its order and whether it is sold: (hold, order, sold).
+    pub async fn holds(db: &tokio_postgres::Client) -> Vec<(i64, Option<String>, bool)> {
+        let sql = "SELECT hold_id, order_id::text, sold FROM holds";
+        rows(db, sql, |row| (row.get(0), row.get(1), row.get(2))).await
     }
 
     /// An answer stored on a key that made an order, with that order.

@@ -8,9 +8,8 @@
 //! `idempotency::Storing`). Payrail is called between them, with no
 //! transaction and no connection held. The answer is made here, from the
 //! order (`answer`), so that it is stored in the settlement's own call. On
-//! Citus the holds stay on the
-//! coordinator and the order and its key go to the buyer's worker, with
-//! each commit on those two nodes alone.
+//! Citus both calls go to the buyer's worker, and the holds' statements on
+//! to the event's, with each commit on those two workers alone.
 
 use idempotency::{Claim, Done, Fence, Opening, StoredResponse, Storing};
 use time::OffsetDateTime;

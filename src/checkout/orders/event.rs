@@ -84,9 +84,9 @@ pub async fn apply(orders: &Orders, event: &Event) -> Result<EventResult, Checko
 
 /// An order known by its id alone, as events name it: by its buyer as
 /// the order's holds name them (until the order is declined or failed),
-/// else by its id. On Citus the holds are the coordinator's, and the
-/// orders are split by buyer, so that a lookup by the order's id alone
-/// asks every shard: it is the fallback.
+/// else by its id. On Citus either lookup asks every shard (the holds are
+/// split by event, the orders by buyer): a Payrail event's cost, never a
+/// click's.
 async fn order_of(orders: &Orders, order_id: Uuid) -> Result<Option<Order>, CheckoutError> {
     let client = orders.route.home().get().await?;
     let held_by = client

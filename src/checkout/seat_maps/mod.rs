@@ -28,6 +28,7 @@ use bytes::Bytes;
 use deadpool_postgres::Pool;
 use flate2::write::GzEncoder;
 use flate2::Compression;
+use idempotency::Route;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -76,6 +77,8 @@ struct Entry {
 }
 
 struct Snapshot {
+    /// The event's slot: where its holds are read.
+    slot: i32,
     seats: Vec<seats::Seat>,
     /// The map of a buyer with no hold of the event.
     shared: Arc<MapBody>,
@@ -147,7 +150,7 @@ impl SeatMaps {
     /// no such event.
     pub async fn view(
         &self,
-        pool: &Pool,
+        route: &Route,
         event_id: &str,
         buyer: &BuyerId,
     ) -> Result<Option<Arc<MapBody>>, DbError> {
@@ -156,7 +159,7 @@ impl SeatMaps {
         if event_id.contains('\0') {
             return Ok(None);
         }
-        let Some(snapshot) = self.snapshot(pool, event_id).await? else {
+        let Some(snapshot) = self.snapshot(route, event_id).await? else {
             return Ok(None);
         };
         let own = if self.notices.knows(buyer.as_str(), snapshot.sent) {
@@ -173,8 +176,8 @@ impl SeatMaps {
                 })
                 .unwrap_or_default()
         } else {
-            let client = pool.get().await?;
-            seats::own_holds(&client, 0, event_id, buyer).await?
+            let client = route.slot_pool(snapshot.slot).get().await?;
+            seats::own_holds(&client, snapshot.slot, event_id, buyer).await?
         };
         if own.is_empty() {
             return Ok(Some(snapshot.shared.clone()));
@@ -193,10 +196,10 @@ impl SeatMaps {
     }
 
     /// A snapshot of the event still within its bounds, read again if
-    /// none is.
+    /// none is, on the worker of the event's slot.
     async fn snapshot(
         &self,
-        pool: &Pool,
+        route: &Route,
         event_id: &str,
     ) -> Result<Option<Arc<Snapshot>>, DbError> {
         let entry = self.entry(event_id);
@@ -209,13 +212,18 @@ impl SeatMaps {
             return Ok(Some(fresh));
         }
         let sent = Instant::now();
-        let client = pool.get().await?;
-        let Some(read) = seats::read_map(&client, 0, event_id).await? else {
-            drop(client);
+        let mut found = None;
+        for slot in seats::slots_of_event(route.slots_spread(), event_id) {
+            let client = route.slot_pool(slot).get().await?;
+            if let Some(read) = seats::read_map(&client, slot, event_id).await? {
+                found = Some((slot, read));
+                break;
+            }
+        }
+        let Some((slot, read)) = found else {
             self.events().remove(event_id);
             return Ok(None);
         };
-        drop(client);
         let first_expiry = read
             .iter()
             .filter_map(|s| s.expires_in)
@@ -241,6 +249,7 @@ impl SeatMaps {
             seats: seats.clone(),
         }));
         let snapshot = Arc::new(Snapshot {
+            slot,
             seats,
             shared,
             holds,

@@ -198,7 +198,7 @@ async fn bob_cannot_take_over_alices_abandoned_key() {
                              hold_ids, seats, idempotency_key)
          SELECT $1, 'alice', 'payment_pending', s.price_cents, 'USD', 'pm_card_visa',
                 ARRAY[h.hold_id], ARRAY[s.label], $2
-         FROM holds h JOIN seats s USING (seat_id) WHERE h.hold_id = $3",
+         FROM holds h JOIN seats s USING (slot, seat_id) WHERE h.hold_id = $3",
         &[&order_id, &key, &hold],
     )
     .await
