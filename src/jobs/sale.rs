@@ -14,7 +14,9 @@
 //!
 //! `event_seats` is each instance's own view, refreshed whole each tick:
 //! one aggregate per event (`checkout::seats::counts`), for events with a
-//! seat left to sell. A sold-out event is not read again by the instance
+//! seat left to sell, each on its event's worker on Citus (the list of
+//! events, and a window's expired holds, span the shards and go through
+//! the coordinator). A sold-out event is not read again by the instance
 //! (a sold seat stays sold), and its series leave the page. An aggregate
 //! reads every seat of its event, so a refresh costs as much as the seats
 //! on sale: the next one rests [`REST_PER_COUNT`] times as long as the
@@ -64,6 +66,8 @@ pub static METRICS: &[&dyn Metric] = &[&EVENT_SEATS];
 #[derive(Clone)]
 pub struct Sale {
     pool: Pool,
+    /// Where each event's count goes: its slot's worker, on Citus.
+    route: Route,
     engine: Engine,
     /// The start of the next window to count.
     next_window: Arc<Mutex<SystemTime>>,
@@ -82,6 +86,7 @@ impl Sale {
             .unwrap_or(UNIX_EPOCH);
         Self {
             pool: route.home().clone(),
+            route: route.clone(),
             engine: Engine::new(route, policy),
             next_window: Arc::new(Mutex::new(window_of(start))),
             sold_out: Arc::default(),
@@ -154,12 +159,13 @@ impl Sale {
 
     /// Replaces `event_seats` with the counts of the events still on sale.
     async fn refresh_seats(&self) -> Result<(), DbError> {
-        let client = self.pool.get().await?;
+        let events = seats::events(&self.pool.get().await?).await?;
         let mut on_sale = Vec::new();
-        for (slot, event_id) in seats::events(&client).await? {
+        for (slot, event_id) in events {
             if self.is_sold_out(&event_id) {
                 continue;
             }
+            let client = self.route.slot_pool(slot).get().await?;
             let counts = seats::counts(&client, slot, &event_id).await?;
             if counts.sold_out() && counts.sold > 0 {
                 locked(&self.sold_out).insert(event_id);
