@@ -1,18 +1,18 @@
-//! `shards` (with `--citus`): which shards of the cluster each step of a
-//! click touches, from the workers' own counters. Before and after each step
-//! the bench reads, on every worker, the scans and row changes of every
-//! shard of `orders` and `idempotency_keys` (`pg_stat_user_tables`); a shard
-//! whose counters moved was touched. Shards of the two tables that cover the
-//! same hash range are co-located (one shard group, on one worker) and count
-//! once. Nothing else runs meanwhile: the instance's background jobs wait an
-//! hour, and the steps go one at a time.
+//! `shards` (with `--citus`): which workers, and which shards of each, every
+//! step of a click touches, from the workers' own counters. Before and after
+//! each step the bench reads, on every worker, the scans and row changes of
+//! every shard of the buyers' tables (`orders`, `idempotency_keys`) and of
+//! the seat side (`holds`, `seats`) (`pg_stat_user_tables`); a shard whose
+//! counters moved was touched, and so was the worker that holds it. Nothing
+//! else runs meanwhile: the instance's background jobs wait an hour, and the
+//! steps go one at a time.
 //!
 //! Then what a click costs each node ([`per_click_costs`]): the PostgreSQL
 //! CPU time of the coordinator and of the workers (every process of each
 //! server, from the kernel's counters), the statements the coordinator
 //! received (`pg_stat_statements`: one per round trip of the service) and
-//! the transactions prepared on the workers for two-phase commits (the
-//! coordinator's `pg_dist_transaction`, one per worker of a 2PC), over
+//! the transactions prepared for two-phase commits (each node's
+//! `pg_dist_transaction`, one per node a 2PC it coordinated prepared on), over
 //! [`COST_CLICKS`] clicks of each kind, one at a time: a first click, its
 //! replay, `GET /orders/{id}`, and a seat map's first view (its read).
 
@@ -39,7 +39,10 @@ use crate::{cpu, postgres};
 /// ten seconds later.
 const REPORTED_WITHIN: Duration = Duration::from_secs(11);
 
-/// Per shard id: its hash range (the shard group) and its table.
+/// The tables whose shards a step may touch.
+const TABLES: [&str; 4] = ["orders", "idempotency_keys", "holds", "seats"];
+
+/// Per shard id: the worker that holds it ("host:port") and its table.
 struct Shards(HashMap<i64, (String, String)>);
 
 impl Shards {
@@ -47,12 +50,12 @@ impl Shards {
         let client = postgres::connect(&bench.pg.bench_url()).await;
         let rows = client
             .query(
-                "SELECT shardid, shardminvalue, logicalrelid::text FROM pg_dist_shard
-                 WHERE logicalrelid IN ('orders'::regclass, 'idempotency_keys'::regclass)",
-                &[],
+                "SELECT shardid, nodename || ':' || nodeport, table_name::text FROM citus_shards
+                 WHERE table_name::text = ANY ($1)",
+                &[&TABLES.as_slice()],
             )
             .await
-            .expect("pg_dist_shard");
+            .expect("citus_shards");
         Self(
             rows.iter()
                 .map(|row| (row.get(0), (row.get(1), row.get(2))))
@@ -60,10 +63,10 @@ impl Shards {
         )
     }
 
-    fn groups(&self) -> usize {
+    fn workers(&self) -> usize {
         self.0
             .values()
-            .map(|(range, _)| range)
+            .map(|(node, _)| node)
             .collect::<HashSet<_>>()
             .len()
     }
@@ -85,7 +88,7 @@ async fn counters(bench: &Bench) -> HashMap<i64, i64> {
                 "SELECT substring(relname FROM '_([0-9]+)$')::bigint,
                         seq_scan + coalesce(idx_scan, 0) + n_tup_ins + n_tup_upd + n_tup_del
                  FROM pg_stat_user_tables
-                 WHERE relname ~ '^(orders|idempotency_keys)_[0-9]+$'",
+                 WHERE relname ~ '^(orders|idempotency_keys|holds|seats)_[0-9]+$'",
                 &[],
             )
             .await
@@ -98,8 +101,8 @@ async fn counters(bench: &Bench) -> HashMap<i64, i64> {
     all
 }
 
-/// Runs `step` alone and says how many shard groups (and shards of each
-/// table) it touched; the figure is `shards_<name>`.
+/// Runs `step` alone and says how many workers (and shards of each table)
+/// it touched; the figure is `shards_<name>`, the workers.
 async fn step<F: std::future::Future<Output = ()>>(
     bench: &mut Bench,
     shards: &Shards,
@@ -115,26 +118,31 @@ async fn step<F: std::future::Future<Output = ()>>(
         .filter(|(shard, n)| before.get(shard) != Some(n))
         .filter_map(|(shard, _)| shards.0.get(shard))
         .collect();
-    let groups = touched
+    let workers = touched
         .iter()
-        .map(|(range, _)| range)
+        .map(|(node, _)| node)
         .collect::<HashSet<_>>()
         .len();
-    let per_table = |table: &str| touched.iter().filter(|(_, t)| t == table).count();
+    let per_table: Vec<String> = TABLES
+        .iter()
+        .map(|table| {
+            let n = touched.iter().filter(|(_, t)| t == table).count();
+            format!("{table} {n}")
+        })
+        .collect();
     println!(
-        "  {what:<52} {groups:>2} of {} shard groups (orders {}, idempotency_keys {})",
-        shards.groups(),
-        per_table("orders"),
-        per_table("idempotency_keys"),
+        "  {what:<52} {workers:>2} of {} workers ({})",
+        shards.workers(),
+        per_table.join(", "),
     );
-    bench.report.set(&format!("shards_{name}"), groups as f64);
+    bench.report.set(&format!("shards_{name}"), workers as f64);
 }
 
 pub async fn per_click(bench: &mut Bench, app: &RunningApp) {
     let shards = Shards::of(bench).await;
     println!(
-        "\n== shards: the shard groups each step touches, of {} (workers' pg_stat_user_tables)",
-        shards.groups()
+        "\n== shards: the workers each step touches, of {} (workers' pg_stat_user_tables)",
+        shards.workers()
     );
     let holds = bench.factory.holds(1).await;
     let (buyer, hold) = holds.take().expect("a hold");
@@ -337,53 +345,91 @@ struct Cost {
     prepared: f64,
 }
 
-/// The transactions the coordinator prepared on workers, still on record:
-/// a two-phase commit is one row of `pg_dist_transaction` (one `gid`) per
-/// worker it prepared on, until recovery drops it.
-async fn prepared(coordinator: &Node) -> i64 {
-    coordinator
-        .client
-        .query_one("SELECT count(DISTINCT gid) FROM pg_dist_transaction", &[])
-        .await
-        .expect("pg_dist_transaction")
-        .get(0)
+/// The transactions that the nodes prepared on other nodes, still on
+/// record: a two-phase commit is one row of its coordinating node's
+/// `pg_dist_transaction` (one `gid`) per node it prepared on, until
+/// recovery drops it. A worker coordinates a click's commits.
+async fn prepared(nodes: &[&Node]) -> i64 {
+    let mut sum = 0;
+    for node in nodes {
+        sum += node
+            .client
+            .query_one("SELECT count(DISTINCT gid) FROM pg_dist_transaction", &[])
+            .await
+            .expect("pg_dist_transaction")
+            .get::<_, i64>(0);
+    }
+    sum
+}
+
+/// How long the nodes are watched with no click, for the CPU that is no
+/// click's: each node's maintenance daemon (deadlock detection, recovery)
+/// and the instance's own jobs, which run whatever the traffic.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// The nodes' CPU with no click, in nanoseconds per second.
+struct Idle {
+    coordinator: f64,
+    workers: f64,
+}
+
+impl Idle {
+    async fn of(coordinator: &Node, workers: &[Node]) -> Self {
+        let started = std::time::Instant::now();
+        let c0 = coordinator.sample().await.0;
+        let w0 = workers_cpu(workers).await;
+        tokio::time::sleep(IDLE).await;
+        let secs = started.elapsed().as_secs_f64();
+        Self {
+            coordinator: coordinator.sample().await.0.saturating_sub(c0) as f64 / secs,
+            workers: workers_cpu(workers).await.saturating_sub(w0) as f64 / secs,
+        }
+    }
+}
+
+async fn workers_cpu(workers: &[Node]) -> u64 {
+    let mut sum = 0;
+    for worker in workers {
+        sum += worker.sample().await.0;
+    }
+    sum
 }
 
 /// Runs `clicks` (each a future making one click), one at a time, and says
-/// what they cost per click.
+/// what they cost per click, beyond what the nodes spend idle for as long.
 async fn cost<F: std::future::Future<Output = ()>>(
     coordinator: &Node,
     workers: &[Node],
+    idle: &Idle,
     clicks: Vec<F>,
 ) -> Cost {
     // The records of earlier commits go first, so that what remains after
-    // the clicks is theirs (the maintenance daemon's own recovery, once a
+    // the clicks is theirs (a maintenance daemon's own recovery, once a
     // minute, could still drop some: the count is then low, never high).
-    coordinator
-        .client
-        .query_one("SELECT recover_prepared_transactions()", &[])
-        .await
-        .expect("recover_prepared_transactions");
-    let before = prepared(coordinator).await;
-    let (c0, cs0) = coordinator.sample().await;
-    let mut w0 = Vec::new();
-    for worker in workers {
-        w0.push(worker.sample().await.0);
+    let nodes: Vec<&Node> = std::iter::once(coordinator).chain(workers).collect();
+    for node in &nodes {
+        node.client
+            .query_one("SELECT recover_prepared_transactions()", &[])
+            .await
+            .expect("recover_prepared_transactions");
     }
+    let before = prepared(&nodes).await;
+    let started = std::time::Instant::now();
+    let (c0, cs0) = coordinator.sample().await;
+    let w0 = workers_cpu(workers).await;
     let n = clicks.len().max(1) as u64;
     for click in clicks {
         click.await;
     }
     let (c1, cs1) = coordinator.sample().await;
-    let prepared_here = prepared(coordinator).await - before;
-    let mut worker_cpu = 0;
-    for (worker, cpu0) in workers.iter().zip(w0) {
-        worker_cpu += worker.sample().await.0.saturating_sub(cpu0);
-    }
+    let worker_cpu = workers_cpu(workers).await.saturating_sub(w0);
+    let secs = started.elapsed().as_secs_f64();
+    let prepared_here = prepared(&nodes).await - before;
     let per = |total: i64| total as f64 / n as f64;
+    let beyond_idle = |used: u64, rate: f64| used.saturating_sub((rate * secs) as u64) / n;
     Cost {
-        coordinator_cpu: c1.saturating_sub(c0) / n,
-        worker_cpu: worker_cpu / n,
+        coordinator_cpu: beyond_idle(c1.saturating_sub(c0), idle.coordinator),
+        worker_cpu: beyond_idle(worker_cpu, idle.workers),
         coordinator_statements: per(cs1 - cs0),
         prepared: per(prepared_here),
     }
@@ -435,9 +481,17 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     };
     let post = |click| post_to(&url, click);
     let locations = std::sync::Mutex::new(Vec::new());
+    let idle = Idle::of(&coordinator, &workers).await;
+    println!(
+        "  idle, for {IDLE:?}: the coordinator {:.1} ms of CPU a second, the workers {:.1} ms \
+         (taken off each kind's figures for its time)",
+        idle.coordinator / 1e6,
+        idle.workers / 1e6
+    );
     let first = cost(
         &coordinator,
         &workers,
+        &idle,
         clicks
             .iter()
             .map(|click| async {
@@ -453,6 +507,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     let replay = cost(
         &coordinator,
         &workers,
+        &idle,
         clicks
             .iter()
             .map(|click| async {
@@ -462,7 +517,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     )
     .await;
     let locations = locations.into_inner().expect("locations");
-    let get = cost(&coordinator, &workers, gets(&http, &url, &locations)).await;
+    let get = cost(&coordinator, &workers, &idle, gets(&http, &url, &locations)).await;
     // The same replays asked of an instance without the answer cache, its
     // connections opened beforehand (an order's read each): the claim that
     // finds the stored answer.
@@ -475,6 +530,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
     let replay_uncached = cost(
         &coordinator,
         &workers,
+        &idle,
         clicks
             .iter()
             .map(|click| async {
@@ -490,7 +546,7 @@ pub async fn per_click_costs(bench: &mut Bench, app: &RunningApp) {
         .iter()
         .map(|event| (auth.clone(), format!("/events/{event}/seats")))
         .collect();
-    let map = cost(&coordinator, &workers, gets(&http, &url, &maps)).await;
+    let map = cost(&coordinator, &workers, &idle, gets(&http, &url, &maps)).await;
     println!(
         "  {:<24} {:>16} {:>16} {:>11} {:>6}",
         "", "coordinator CPU", "workers' CPU", "statements", "prepared"
