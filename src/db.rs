@@ -212,7 +212,7 @@ fn pool_on(
 /// A worker's pool is made like `home`'s, on the worker's address.
 pub fn route(settings: &DatabaseSettings, home: Pool) -> Result<Route, DbError> {
     if !settings.route_to_workers {
-        return Ok(Route::from(home));
+        return Ok(Route::from(home).with_slots("holds"));
     }
     let (config, tls) = target(settings)?;
     let settings = settings.clone();

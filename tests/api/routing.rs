@@ -401,12 +401,15 @@ async fn each_buyer_is_routed_to_the_worker_of_its_shard() {
     assert_eq!(route.refresh().await.expect("the shards' places"), 0);
     assert_eq!(route.worker("alice"), None);
     assert_eq!(route.slot_worker(7), None);
+    assert!(route.slots_spread(), "the rows are where they are");
     // Without the setting, everything goes through the coordinator.
     let mut settings = app.settings.database.clone();
     settings.route_to_workers = false;
     let home = db::route(&settings, pool).expect("a route");
     assert_eq!(home.refresh().await.expect("nothing to read"), 0);
     assert_eq!(home.worker("alice"), None);
+    assert_eq!(home.slot_worker(7), None);
+    assert!(home.slots_spread(), "the rows are where they are");
 }
 
 const POLICY: Policy = Policy {

@@ -46,6 +46,41 @@ async fn the_seat_map_shows_available_held_and_sold_seats() {
     assert!(hold > 0);
 }
 
+/// With every statement through the coordinator (`route_to_workers =
+/// false`), a hold, a release and a seat map still find their event's
+/// rows: on Citus where its slot puts them, which routing does not decide.
+#[tokio::test]
+async fn through_the_coordinator_alone_a_seat_map_and_its_holds_find_their_event() {
+    let app = spawn_app_with(|s| s.database.route_to_workers = false).await;
+    let seats = app.seed("unrouted", 2, 2500).await;
+    let hold = app.hold("alice", seats[0]).await;
+    let released = app.hold("alice", seats[1]).await;
+    let release = app
+        .as_buyer(
+            app.http.delete(app.url(&format!("/holds/{released}"))),
+            "alice",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(release.status(), 204);
+    let seen = Seen::of(app.get_seats("alice", "unrouted").await).await;
+    assert_eq!(seen.status, 200, "{}", String::from_utf8_lossy(&seen.body));
+    let body = seen.json();
+    let statuses: Vec<(&str, Option<i64>)> = body["seats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["status"].as_str().unwrap(),
+                s["your_hold"]["hold_id"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(statuses, [("held", Some(hold)), ("available", None)]);
+}
+
 #[tokio::test]
 async fn an_unknown_event_is_404() {
     let app = spawn_app().await;

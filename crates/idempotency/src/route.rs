@@ -46,6 +46,9 @@ pub struct Route {
 struct Shards {
     buyers: Ranges,
     slots: Ranges,
+    /// The slots' table is hash-distributed, whether or not its
+    /// statements are routed to its workers.
+    spread: bool,
     /// Each worker's address (`host:port`) and pool; `None` for the home
     /// server (a shard that the coordinator itself holds).
     pools: Vec<Option<(String, Pool)>>,
@@ -122,8 +125,12 @@ impl Route {
 
     /// Whether the slots' table is spread over shards (hash-distributed):
     /// only then does a new row of the caller's get a slot other than 0.
+    /// Read from the catalog by [`refresh`](Self::refresh) even when no
+    /// statement is routed (without `open`, or while a function is missing
+    /// on the workers), since it says where the rows are, not where a
+    /// statement goes.
     pub fn slots_spread(&self) -> bool {
-        !self.current().slots.starts.is_empty()
+        self.current().spread
     }
 
     fn pool_of(&self, node: impl Fn(&Shards) -> Option<usize>) -> Pool {
@@ -146,17 +153,25 @@ impl Route {
 
     /// Reads the shards of `idempotency_keys` and their nodes from the home
     /// server's catalog, opening a pool on each worker not seen before (a
-    /// worker's pool is kept across refreshes). Nothing changes without
-    /// `open` or where the table is not distributed. Every statement goes
-    /// to the home server while a function of the `public` schema is not
-    /// on the workers (Citus has not been handed it): called there, it
-    /// would be missing. Returns how many workers the buyers' statements
-    /// now go to.
+    /// worker's pool is kept across refreshes), and whether the slots'
+    /// table is spread. No statement is routed without `open` or where the
+    /// table is not distributed. Every statement goes to the home server
+    /// while a function of the `public` schema is not on the workers
+    /// (Citus has not been handed it): called there, it would be missing.
+    /// Returns how many workers the buyers' statements now go to.
     pub async fn refresh(&self) -> Result<usize, Error> {
+        let client = self.home.get().await?;
+        let spread = match self.slots_table {
+            Some(table) => spread(&client, table).await?,
+            None => false,
+        };
         let Some(open) = &self.open else {
+            self.replace(Shards {
+                spread,
+                ..Shards::default()
+            });
             return Ok(0);
         };
-        let client = self.home.get().await?;
         let missing = client
             .query_one(
                 "SELECT count(*) FROM pg_proc p
@@ -197,13 +212,40 @@ impl Route {
             Err(error) => return Err(error.into()),
         };
         let known = self.current();
-        let mut shards = Shards::default();
+        let mut shards = Shards {
+            spread,
+            ..Shards::default()
+        };
         shards.buyers = shards.ranges(buyers, &known, open.as_ref())?;
         shards.slots = shards.ranges(slots, &known, open.as_ref())?;
         let workers = shards.pools.iter().flatten().count();
-        *self.shards.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shards);
+        self.replace(shards);
         Ok(workers)
     }
+
+    fn replace(&self, shards: Shards) {
+        *self.shards.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shards);
+    }
+}
+
+/// Whether `table` is hash-distributed; false where there is no Citus
+/// catalog.
+async fn spread(client: &impl GenericClient, table: &str) -> Result<bool, Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+        )
+        .await?;
+    if !client.query_one(&statement, &[]).await?.try_get::<_, bool>(0)? {
+        return Ok(false);
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+                             WHERE logicalrelid = to_regclass($1) AND partmethod = 'h')",
+        )
+        .await?;
+    Ok(client.query_one(&statement, &[&table]).await?.try_get(0)?)
 }
 
 /// The shards of `table` (hash-distributed), each with the first node
