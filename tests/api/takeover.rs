@@ -9,8 +9,9 @@ use stagedoor_checkout::checkout::orders::click::{self, Click};
 use stagedoor_checkout::checkout::orders::{NewOrder, Orders};
 use stagedoor_checkout::payrail;
 use test_support::paused::{Failed, Paused};
+use tokio::task::JoinHandle;
 
-use crate::helpers::{new_key, order_body, spawn_app_with, Seen};
+use crate::helpers::{new_key, order_body, spawn_app_with, Seen, TestApp};
 use crate::invariants::assert_invariants;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,8 +57,9 @@ async fn a_process_killed_mid_request_is_finished_by_a_retry_on_another_instance
     assert_invariants(&app).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers() {
+/// An app whose leases last a second and whose Payrail calls may take ten,
+/// and a hold of alice's.
+async fn stalling_app() -> (TestApp, i64) {
     let app = spawn_app_with(|s| {
         s.idempotency.lease_secs = 1;
         s.payrail.timeout_ms = 10_000;
@@ -65,16 +67,25 @@ async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers(
     .await;
     let seats = app.seed("show", 1, 2500).await;
     let hold = app.hold("alice", seats[0]).await;
+    (app, hold)
+}
+
+/// Alice's order of `hold` under `key`, sent now and answered later.
+fn order_in_background(app: &TestApp, key: &str, hold: i64) -> JoinHandle<Seen> {
+    let request = app
+        .as_buyer(app.http.post(app.url("/orders")), "alice")
+        .header("Idempotency-Key", key.to_owned())
+        .body(order_body(&[hold], "pm_card_visa"));
+    tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers() {
+    let (app, hold) = stalling_app().await;
     app.set_faults(json!({"latency_ms": 2_500})).await;
     let key = new_key();
 
-    let zombie = {
-        let request = app
-            .as_buyer(app.http.post(app.url("/orders")), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
-    };
+    let zombie = order_in_background(&app, &key, hold);
     tokio::time::sleep(Duration::from_millis(1_400)).await;
     // The first request's lease is over: this one takes the key over.
     let taker = Seen::of(app.post_order("alice", &key, &[hold], "pm_card_visa").await).await;
@@ -106,24 +117,12 @@ async fn a_request_that_outlives_its_lease_stores_nothing_and_the_taker_answers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_wakes_after_the_taker_answered_replays_the_takers_answer() {
-    let app = spawn_app_with(|s| {
-        s.idempotency.lease_secs = 1;
-        s.payrail.timeout_ms = 10_000;
-    })
-    .await;
-    let seats = app.seed("show", 1, 2500).await;
-    let hold = app.hold("alice", seats[0]).await;
+    let (app, hold) = stalling_app().await;
     // Payrail charges at once and sits on the first request's answer alone.
     app.set_faults(json!({"latency_ms": 2_500})).await;
     let key = new_key();
 
-    let zombie = {
-        let request = app
-            .as_buyer(app.http.post(app.url("/orders")), "alice")
-            .header("Idempotency-Key", key.clone())
-            .body(order_body(&[hold], "pm_card_visa"));
-        tokio::spawn(async move { Seen::of(request.send().await.unwrap()).await })
-    };
+    let zombie = order_in_background(&app, &key, hold);
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     app.set_faults(json!({})).await;
     tokio::time::sleep(Duration::from_millis(400)).await;

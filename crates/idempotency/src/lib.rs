@@ -175,6 +175,7 @@ engine! {
     pub mod listen; // a connection of its own that listens on a channel
     mod migrate; // the key table's own migrations
     mod reply; // what a request is answered, and what its key decided
+    mod hash; // PostgreSQL's hashes, as Citus places rows by them
     mod route; // which server a buyer's rows are on
     mod response; // what is stored and replayed
     mod statement; // the calls of a step of one call
@@ -194,7 +195,8 @@ engine! {
     pub use migrate::{migrate, replace_functions, HISTORY_TABLE};
     pub use reply::{Outcome, Ran, Reply, RunError};
     pub use response::StoredResponse;
-    pub use route::{hashint4, hashtext, OpenPool, Route};
+    pub use hash::{hashint4, hashtext};
+    pub use route::{OpenPool, Route};
     pub use statement::{Opening, Storing};
     pub use unit::{store_for_effect, Committed, Unit};
     pub use wait::WaitOutcome;
